@@ -1,0 +1,37 @@
+"""commlib: collective communication over MPI (CPU) and NCCL (GPU), written in Python.
+
+Quick tour::
+
+    import commlib
+    pg = commlib.init()                      # under mpiexec
+    pg.allreduce(array)                      # in place, sum
+    work = pg.allreduce(array, commlib.ReduceOp.AVG, algorithm="ring", async_op=True)
+    work.wait()
+
+Only numpy and mpi4py are needed to import it; torch and cupy are optional.
+"""
+
+from .algorithms import algorithm_names as _algorithm_names
+from .algorithms import register_algorithm
+from .config import Config, load_config
+from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
+                     InvalidUsageError)
+from .group import ProcessGroup
+from .ops import ReduceOp
+from .runtime import init, is_initialized, shutdown, world
+from .transport import Pending, Transport
+from .work import Work
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "world", "is_initialized", "shutdown", "algorithms", "register_algorithm",
+    "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Config", "load_config",
+    "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",
+    "GroupAbortedError",
+]
+
+
+def algorithms():
+    """Names of the allreduce algorithms (for ``algorithm=``; ``"auto"`` is also accepted)."""
+    return _algorithm_names()

@@ -1,0 +1,84 @@
+"""Every environment variable commlib reads, read in one place into one frozen object.
+
+==========================  ========================================================  =========
+variable                    meaning                                                   default
+==========================  ========================================================  =========
+``COMMLIB_ALGO``            force the allreduce algorithm chosen by ``"auto"``        (unset)
+``COMMLIB_DEBUG``           ``1``: exchange a fingerprint before every collective      ``0``
+``COMMLIB_TIMEOUT``         default group timeout in seconds                          ``300``
+``COMMLIB_SEGMENT_BYTES``   pipeline segment size of ring/tree/rabenseifner            ``1 MiB``
+``COMMLIB_INLINE_BYTES``    sync collectives up to this size skip the comm thread     ``-1`` (all)
+==========================  ========================================================  =========
+
+Tests change behaviour through arguments (``commlib.init(debug=True)``, ``segment_bytes=``),
+never by mutating module globals; ``Config.from_env`` takes a mapping so it can be tested too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+__all__ = ["Config", "load_config"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse_bool(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"{name}={text!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_positive_float(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"{name}={text!r}: expected a positive number of seconds")
+    return value
+
+
+def _parse_int(name: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected an integer") from None
+    if value < minimum:
+        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    algorithm_override: Optional[str] = None
+    debug: bool = False
+    timeout: float = 300.0
+    segment_bytes: int = 1 << 20
+    inline_bytes: int = -1
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "Config":
+        values = {}
+        if environ.get("COMMLIB_ALGO"):
+            values["algorithm_override"] = environ["COMMLIB_ALGO"].strip()
+        if "COMMLIB_DEBUG" in environ:
+            values["debug"] = _parse_bool("COMMLIB_DEBUG", environ["COMMLIB_DEBUG"])
+        if "COMMLIB_TIMEOUT" in environ:
+            values["timeout"] = _parse_positive_float("COMMLIB_TIMEOUT", environ["COMMLIB_TIMEOUT"])
+        if "COMMLIB_SEGMENT_BYTES" in environ:
+            values["segment_bytes"] = _parse_int("COMMLIB_SEGMENT_BYTES", environ["COMMLIB_SEGMENT_BYTES"], 1)
+        if "COMMLIB_INLINE_BYTES" in environ:
+            values["inline_bytes"] = _parse_int("COMMLIB_INLINE_BYTES", environ["COMMLIB_INLINE_BYTES"], -1)
+        return cls(**values)
+
+
+def load_config() -> Config:
+    """The configuration of this process, read from ``os.environ`` at call time."""
+    return Config.from_env(os.environ)

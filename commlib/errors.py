@@ -1,0 +1,37 @@
+"""The one error hierarchy of commlib.
+
+``CommError`` is the root; every failure the runtime raises is one of its subclasses, so a
+training loop can catch communication failures with a single ``except``.
+"""
+
+__all__ = [
+    "CommError",
+    "CommTimeoutError",
+    "InvalidUsageError",
+    "CollectiveMismatchError",
+    "GroupAbortedError",
+]
+
+
+class CommError(RuntimeError):
+    """A collective could not complete."""
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """A collective did not complete within the group's timeout.
+
+    The message names the collective, its sequence number, this rank, the peer(s) never heard
+    from and the byte count.
+    """
+
+
+class InvalidUsageError(CommError, ValueError):
+    """The caller asked for something the runtime cannot do; raised before anything is sent."""
+
+
+class CollectiveMismatchError(CommError):
+    """Debug mode found that ranks called different collectives (or with different arguments)."""
+
+
+class GroupAbortedError(CommError):
+    """An earlier error left this group unusable; every later call raises this at once."""

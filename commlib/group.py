@@ -1,0 +1,310 @@
+"""``ProcessGroup``: the collectives of one set of ranks.
+
+A group owns an MPI communicator (dup'ed, so our traffic never mixes with the user's), the MPI
+transport over it, a :class:`CommExecutor` (the ordering and the communication thread), and,
+created on first GPU use, a GPU backend. Each public method validates its arguments in the
+caller's thread, then issues one task that runs the collective against a transport.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from . import algorithms as _algorithms
+from .auto import choose_allreduce, native_threshold
+from .config import Config
+from .errors import InvalidUsageError
+from .executor import CommExecutor
+from .ops import ReduceOp, check_op
+from .transports.mpi import MPITransport
+from .transports.mpi_types import MPI_PREDEFINED
+from .transports.polling import wait_all
+from .validation import (array_kind, check_buffer, check_no_overlap, check_root, check_same_kind,
+                         check_timeout)
+from .work import Work
+
+__all__ = ["ProcessGroup"]
+
+_SUM = ReduceOp.SUM
+_AVG = ReduceOp.AVG
+_MIN = ReduceOp.MIN
+_MAX = ReduceOp.MAX
+# Polls of a small inline allreduce before the deadline-checking wait takes over (~0.1-1 ms).
+INLINE_SPINS = 2000
+
+
+class ProcessGroup:
+    def __init__(self, comm: MPI.Comm, *, timeout: float, config: Config, debug: bool = False,
+                 name: str = "world", segment_bytes: Optional[int] = None, device=None):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.name = name
+        self.config = config
+        self.timeout = check_timeout(timeout, "ProcessGroup")
+        self.debug = bool(debug)
+        self.segment_bytes = int(segment_bytes or config.segment_bytes)
+        self.device = device
+        self.transport = MPITransport(comm)
+        self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
+        self._seq = 0
+        self._gpu = None
+        self._fingerprints = None
+        # A few microseconds of Python matter for small allreduces: when the group is plain
+        # (no debug fingerprints) and "auto" means "native" for small messages, skip the
+        # general machinery (see _native_allreduce_inline).
+        self._small_fast_path_ok = not self.debug
+        self._auto_native_bytes = native_threshold(self.size, config.algorithm_override)
+        if self.debug:
+            from .fingerprint import FingerprintChecker
+
+            self._fingerprints = FingerprintChecker(self)
+
+    def __repr__(self) -> str:
+        return f"<commlib.ProcessGroup {self.name!r} rank {self.rank} of {self.size}>"
+
+    # -- the collectives -----------------------------------------------------------------------
+    def allreduce(self, buf, op=_SUM, *, algorithm: str = "auto", async_op: bool = False):
+        if (not async_op and buf.__class__ is np.ndarray and self._small_fast_path_ok
+                and (algorithm == "native" or (algorithm == "auto" and buf.nbytes <= self._auto_native_bytes))
+                and self._native_allreduce_inline(buf, op)):
+            return None
+        if op.__class__ is not ReduceOp:
+            op = ReduceOp.coerce(op)
+        flat = check_buffer(buf, "allreduce")
+        check_op(op, flat.dtype, "allreduce")
+        name = self._resolve_algorithm(algorithm, flat.nbytes)
+        fn = _algorithms.get_algorithm(name)
+        size, segment_bytes = self.size, self.segment_bytes
+        combine = _SUM if op is _AVG else op
+
+        def run(transport):
+            if size > 1:
+                fn(transport, flat, combine, segment_bytes=segment_bytes)
+            if op is _AVG:
+                flat[...] /= size  # in place: flat is a view of buf
+
+        return self._issue("allreduce", run, flat.nbytes, async_op, buf, name,
+                           (flat.dtype, buf.shape, op.name, -1, name), kind_of=buf)
+
+    def broadcast(self, buf, root: int = 0, *, async_op: bool = False):
+        flat = check_buffer(buf, "broadcast")
+        root = check_root(root, self.size, "broadcast")
+
+        def run(transport):
+            if self.size > 1:
+                transport.native_broadcast(flat, root)
+
+        return self._issue("broadcast", run, flat.nbytes, async_op, buf, "native",
+                           (flat.dtype, buf.shape, "", root, ""), kind_of=buf)
+
+    def reduce(self, buf, root: int = 0, op=_SUM, *, async_op: bool = False):
+        op = ReduceOp.coerce(op)
+        flat = check_buffer(buf, "reduce")
+        check_op(op, flat.dtype, "reduce")
+        root = check_root(root, self.size, "reduce")
+        size, rank = self.size, self.rank
+        combine = _SUM if op is _AVG else op
+
+        def run(transport):
+            if size > 1:
+                transport.native_reduce(flat, root, combine)
+            if op is _AVG and rank == root:
+                flat[...] /= size
+
+        return self._issue("reduce", run, flat.nbytes, async_op, buf, "native",
+                           (flat.dtype, buf.shape, op.name, root, ""), kind_of=buf)
+
+    def allgather(self, out, inp, *, async_op: bool = False):
+        flat_out = check_buffer(out, "allgather", "out")
+        flat_inp = check_buffer(inp, "allgather", "inp", writable=False)
+        check_same_kind("allgather", out=out, inp=inp)
+        if flat_out.size != self.size * flat_inp.size:
+            raise InvalidUsageError(
+                f"allgather: out has {flat_out.size} elements; expected world size {self.size} x "
+                f"inp.size {flat_inp.size} = {self.size * flat_inp.size}"
+            )
+        check_no_overlap("allgather", flat_out, flat_inp)
+
+        def run(transport):
+            if self.size > 1:
+                transport.native_allgather(flat_out, flat_inp)
+            else:
+                transport.copy(flat_out, flat_inp)
+
+        return self._issue("allgather", run, flat_out.nbytes, async_op, out, "native",
+                           (flat_inp.dtype, inp.shape, "", -1, ""), kind_of=out)
+
+    def reduce_scatter(self, out, inp, op=_SUM, *, async_op: bool = False):
+        op = ReduceOp.coerce(op)
+        flat_out = check_buffer(out, "reduce_scatter", "out")
+        flat_inp = check_buffer(inp, "reduce_scatter", "inp", writable=False)
+        check_same_kind("reduce_scatter", out=out, inp=inp)
+        check_op(op, flat_out.dtype, "reduce_scatter")
+        if flat_inp.size != self.size * flat_out.size:
+            raise InvalidUsageError(
+                f"reduce_scatter: inp has {flat_inp.size} elements; expected world size "
+                f"{self.size} x out.size {flat_out.size} = {self.size * flat_out.size}"
+            )
+        check_no_overlap("reduce_scatter", flat_out, flat_inp)
+        size = self.size
+        combine = _SUM if op is _AVG else op
+
+        def run(transport):
+            if size > 1:
+                transport.native_reduce_scatter(flat_out, flat_inp, combine)
+            else:
+                transport.copy(flat_out, flat_inp)
+            if op is _AVG:
+                flat_out[...] /= size
+
+        return self._issue("reduce_scatter", run, flat_inp.nbytes, async_op, out, "native",
+                           (flat_inp.dtype, inp.shape, op.name, -1, ""), kind_of=out)
+
+    def barrier(self, *, async_op: bool = False):
+        def run(transport):
+            if self.size > 1:
+                transport.native_barrier()
+
+        return self._issue("barrier", run, 0, async_op, None, "native", (None, (), "", -1, ""))
+
+    # -- groups --------------------------------------------------------------------------------
+    def new_group(self, ranks: Sequence[int], *, timeout: Optional[float] = None) -> Optional["ProcessGroup"]:
+        """A group of ``ranks`` (ranks of this group). Collective: every rank of this group calls it.
+
+        Ranks not in ``ranks`` get ``None``. Ranks are ordered as listed.
+        """
+        ranks = [check_root(r, self.size, "new_group") for r in ranks]
+        if len(set(ranks)) != len(ranks) or not ranks:
+            raise InvalidUsageError(f"new_group: ranks must be a non-empty list without repeats, got {ranks}")
+        # Agree on the request with a bounded wait before the (blocking) split.
+        self.barrier()
+        color = 0 if self.rank in ranks else MPI.UNDEFINED
+        key = ranks.index(self.rank) if self.rank in ranks else 0
+        sub = self.comm.Split(color, key)
+        if sub == MPI.COMM_NULL:
+            return None
+        return ProcessGroup(sub, timeout=timeout or self.timeout, config=self.config, debug=self.debug,
+                            name=f"{self.name}/{'-'.join(map(str, ranks))}",
+                            segment_bytes=self.segment_bytes, device=self.device)
+
+    def close(self) -> None:
+        self.executor.close()
+        if self._gpu is not None:
+            self._gpu.close()
+        self.transport.close()
+
+    @property
+    def seq(self) -> int:
+        """How many collectives this group has issued."""
+        return self._seq
+
+    # -- internals -----------------------------------------------------------------------------
+    def _resolve_algorithm(self, algorithm: str, nbytes: int) -> str:
+        if algorithm == "auto":
+            override = self.config.algorithm_override
+            if override:
+                return override
+            return choose_allreduce(nbytes, self.size, _algorithms._REGISTRY)
+        if algorithm.__class__ is not str:
+            raise InvalidUsageError(f"allreduce: algorithm must be a str, got {algorithm!r}")
+        return algorithm
+
+    def _issue(self, collective: str, run, nbytes: int, async_op: bool, result, algorithm: str,
+               fingerprint, kind_of=None):
+        if kind_of is not None and array_kind(kind_of) == "cupy":
+            return self._gpu_backend().issue(collective, run, nbytes, async_op, result, algorithm,
+                                             fingerprint)
+        transport = self.transport
+        context = transport.context
+        timeout = self.timeout
+        checker = self._fingerprints
+
+        def task(seq):
+            context.collective = collective
+            context.seq = seq
+            context.algorithm = algorithm
+            context.nbytes = nbytes
+            context.step = ""
+            context.timeout = timeout
+            context.deadline = time.monotonic() + timeout
+            if checker is not None:
+                checker.check(collective, seq, algorithm, fingerprint)
+            run(transport)
+
+        if not async_op:
+            self.executor.run_sync(task, self._next_seq, collective, nbytes, result)
+            return None
+        return self.executor.submit(task, self._next_seq, collective, nbytes, result)
+
+    def _native_allreduce_inline(self, buf, op) -> bool:
+        """``MPI_Iallreduce`` right here, if nothing else is in line; False: take the general path.
+
+        Validation is the general path's (it runs whenever this returns False): anything unusual,
+        a non-contiguous or read-only buffer, AVG, bfloat16, a busy line, falls through to it.
+        """
+        datatype = MPI_PREDEFINED.get(buf.dtype)
+        # Identity tests: hashing an Enum member runs Python code (~0.3 us).
+        if op is _SUM:
+            mpi_reduce_op = MPI.SUM
+        elif op is _MAX:
+            mpi_reduce_op = MPI.MAX
+        elif op is _MIN:
+            mpi_reduce_op = MPI.MIN
+        else:
+            return False
+        flags = buf.flags
+        if datatype is None or not (flags.c_contiguous and flags.writeable):
+            return False
+        # Plain acquire/release: a ``with`` block costs twice as much, and this is the hot path.
+        executor = self.executor
+        issue_lock = executor._issue_lock
+        issue_lock.acquire()
+        if executor._in_flight or executor.first_error is not None or executor._closed:
+            issue_lock.release()
+            return False
+        executor._in_flight = 1
+        executor._inline_busy = True
+        self._seq += 1
+        seq = self._seq
+        issue_lock.release()
+        try:
+            if self.size > 1 and buf.size:
+                request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, buf.size, datatype], mpi_reduce_op)
+                spins = INLINE_SPINS
+                while not request.Test():
+                    spins -= 1
+                    if not spins:
+                        self._wait_inline(request, "allreduce", seq, buf.nbytes)
+                        break
+        except BaseException as exc:
+            executor._record_failure(exc)
+            raise
+        finally:
+            issue_lock.acquire()
+            executor._in_flight -= 1
+            executor._inline_busy = False
+            issue_lock.release()
+        return True
+
+    def _wait_inline(self, request, collective: str, seq: int, nbytes: int) -> None:
+        context = self.transport.context
+        context.collective, context.seq, context.algorithm = collective, seq, "native"
+        context.nbytes, context.step, context.timeout = nbytes, "", self.timeout
+        context.deadline = time.monotonic() + self.timeout
+        self.transport._wait_native(request, nbytes)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _gpu_backend(self):
+        if self._gpu is None:
+            from .gpu import GpuBackend  # imported lazily: cupy is an optional extra
+
+            self._gpu = GpuBackend(self)
+        return self._gpu

@@ -1,0 +1,89 @@
+"""Process-wide state: the default ("world") group, created once by :func:`init`."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Optional
+
+from .config import load_config
+from .errors import CommTimeoutError, InvalidUsageError
+from .group import ProcessGroup
+from .validation import check_timeout
+
+__all__ = ["init", "world", "is_initialized", "shutdown"]
+
+_lock = threading.Lock()
+_world: Optional[ProcessGroup] = None
+
+
+def init(comm=None, timeout: Optional[float] = None, *, debug: Optional[bool] = None,
+         segment_bytes: Optional[int] = None, abort_on_exception: bool = True) -> ProcessGroup:
+    """Create the default group over ``comm`` (default ``MPI.COMM_WORLD``), dup'ed. Idempotent.
+
+    ``timeout`` (seconds) bounds every collective of the group; default ``COMMLIB_TIMEOUT`` or
+    300. ``debug`` (default ``COMMLIB_DEBUG``) checks before each collective that all ranks call
+    the same one with the same arguments. With ``abort_on_exception`` an uncaught exception on
+    one rank aborts the whole MPI job instead of leaving the other ranks blocked.
+    """
+    global _world
+    config = load_config()
+    timeout = check_timeout(config.timeout if timeout is None else timeout, "commlib.init")
+    with _lock:
+        if _world is not None:
+            return _world
+        from mpi4py import MPI
+
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        provided = MPI.Query_thread()
+        if provided < MPI.THREAD_MULTIPLE:
+            raise InvalidUsageError(
+                f"commlib needs MPI_THREAD_MULTIPLE (its communication thread calls MPI while the "
+                f"main thread may too); this MPI library provided level {provided}"
+            )
+        parent = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(parent, MPI.Comm) or parent == MPI.COMM_NULL:
+            raise InvalidUsageError(f"commlib.init: comm must be an mpi4py communicator, got {comm!r}")
+        dup = _dup_with_deadline(parent, timeout)
+        _world = ProcessGroup(dup, timeout=timeout, config=config,
+                              debug=config.debug if debug is None else debug, name="world",
+                              segment_bytes=segment_bytes)
+        if abort_on_exception:
+            from .abort import install_abort_on_uncaught_exception
+
+            install_abort_on_uncaught_exception()
+        return _world
+
+
+def _dup_with_deadline(parent, timeout: float):
+    """``MPI_Comm_idup`` waited with a deadline: a rank that never calls init is an error, not a hang."""
+    from .transports.polling import wait_all
+
+    dup, request = parent.Idup()
+    if not wait_all([request], time.monotonic() + timeout):
+        raise CommTimeoutError(
+            f"rank {parent.Get_rank()}: commlib.init timed out after {timeout:g} s waiting for "
+            f"the other {parent.Get_size() - 1} rank(s) to call init"
+        )
+    return dup
+
+
+def world() -> ProcessGroup:
+    if _world is None:
+        raise InvalidUsageError("commlib.world(): call commlib.init() first")
+    return _world
+
+
+def is_initialized() -> bool:
+    return _world is not None
+
+
+def shutdown() -> None:
+    """Stop the default group's communication thread (optional; a daemon thread ends with Python)."""
+    global _world
+    with _lock:
+        if _world is not None:
+            _world.close()
+            _world = None

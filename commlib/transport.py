@@ -1,0 +1,127 @@
+"""The transport interface: the only thing a collective algorithm may talk to.
+
+An algorithm (``commlib/algorithms/*.py``) is a *schedule*: which slice of the buffer goes to
+which peer at which step, and when partial results are combined. It never imports mpi4py or
+cupy. It sees a :class:`Transport`, which offers
+
+* ``rank``, ``size`` and ``xp`` (the array module of the buffers: numpy, or cupy on GPU);
+* ``post(sends, recvs)``: start every transfer of one step at once and return a
+  :class:`Pending` whose ``wait()`` completes them (MPI: Isend/Irecv + Waitall with a deadline;
+  NCCL: one ``groupStart/groupEnd`` on the comm stream, ``wait()`` is free because the stream
+  orders the work);
+* ``exchange(sends, recvs)``: ``post(...).wait()``;
+* ``reduce(dst, src, op, src_first=False)``: the local element-wise combine;
+* ``scratch(count, dtype, slot)``: a reusable work buffer owned by the transport, so pipelined
+  algorithms need one chunk of extra memory, not a copy of the user's buffer.
+
+Sends and receives are ``(buffer_slice, peer)`` pairs; slices must be contiguous views of
+1-D arrays. Between ``post`` and ``wait`` an algorithm may do local work (reduce the previous
+segment while the next one is in flight): that is how the pipelined schedules overlap.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Optional, Sequence, Tuple
+
+from .ops import ReduceOp, reduce_into, reduce_ordered
+
+__all__ = ["Transport", "Pending", "CompletedPending", "CollectiveContext", "Transfer"]
+
+Transfer = Tuple[object, int]  # (contiguous 1-D buffer slice, peer rank)
+
+
+@dataclasses.dataclass
+class CollectiveContext:
+    """What the group is doing right now; transports put it in their error messages."""
+
+    collective: str = "idle"
+    seq: int = 0
+    algorithm: str = ""
+    nbytes: int = 0
+    deadline: float = float("inf")
+    timeout: float = float("inf")
+    step: str = ""
+
+    def describe(self) -> str:
+        algo = f", {self.algorithm}" if self.algorithm else ""
+        step = f", {self.step}" if self.step else ""
+        return f"{self.collective} #{self.seq}{algo}{step}, {format_bytes(self.nbytes)}"
+
+
+def format_bytes(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes} B"
+
+
+class Pending(abc.ABC):
+    """Transfers of one step, started and not yet known to be complete."""
+
+    @abc.abstractmethod
+    def wait(self) -> None:
+        """Block until every transfer of the step completed, or raise ``CommTimeoutError``."""
+
+
+class CompletedPending(Pending):
+    def wait(self) -> None:
+        return None
+
+
+class Transport(abc.ABC):
+    rank: int
+    size: int
+    xp: object  # the array module
+
+    def __init__(self) -> None:
+        self.context = CollectiveContext()
+        self._scratch = {}
+
+    # -- moving bytes -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def post(self, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()) -> Pending:
+        """Start all ``sends`` and ``recvs`` of one step; complete them with ``wait()``."""
+
+    def exchange(self, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()) -> None:
+        self.post(sends, recvs).wait()
+
+    def send(self, buf, peer: int) -> None:
+        self.exchange(sends=((buf, peer),))
+
+    def recv(self, buf, peer: int) -> None:
+        self.exchange(recvs=((buf, peer),))
+
+    def sendrecv(self, sendbuf, dst: int, recvbuf, src: int) -> None:
+        self.exchange(sends=((sendbuf, dst),), recvs=((recvbuf, src),))
+
+    # -- local work ---------------------------------------------------------------------------
+    def reduce(self, dst, src, op: ReduceOp, src_first: bool = False) -> None:
+        """``dst = dst (op) src``; with ``src_first`` the operands are evaluated as ``src (op) dst``."""
+        if src_first:
+            reduce_ordered(self.xp, dst, src, op, src_first=True)
+        else:
+            reduce_into(self.xp, dst, src, op)
+
+    def copy(self, dst, src) -> None:
+        dst[...] = src
+
+    def scratch(self, count: int, dtype, slot: int = 0):
+        """A work buffer of ``count`` elements, reused across calls (grown when too small)."""
+        key = (slot, self.xp.dtype(dtype).str)
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < count:
+            buf = self.xp.empty(max(count, 1), dtype=dtype)
+            self._scratch[key] = buf
+        return buf[:count]
+
+    def release_scratch(self) -> None:
+        self._scratch.clear()
+
+    def step(self, label: str) -> None:
+        """Name the current step of the schedule, for error messages."""
+        self.context.step = label
+
+    def close(self) -> None:
+        self.release_scratch()

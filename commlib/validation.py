@@ -1,0 +1,87 @@
+"""Checks that run in the caller's thread before anything is sent.
+
+Each raises :class:`InvalidUsageError` (or ``TypeError`` for a non-array) with a message that
+says which collective, which argument, what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .errors import InvalidUsageError
+from .ops import DTYPE_IS_FLOAT, SUPPORTED_DTYPE_NAMES
+
+__all__ = ["array_kind", "check_buffer", "check_root", "check_timeout", "check_no_overlap"]
+
+
+def array_kind(buf) -> str:
+    """``"numpy"`` or ``"cupy"``; anything else is a ``TypeError``."""
+    if isinstance(buf, np.ndarray):
+        return "numpy"
+    module = type(buf).__module__
+    if module.startswith("cupy"):
+        return "cupy"
+    raise TypeError(
+        f"expected a numpy.ndarray (or a cupy.ndarray on GPU), got {type(buf).__module__}."
+        f"{type(buf).__name__}; convert torch tensors with autograd_bridge"
+    )
+
+
+def check_buffer(buf, collective: str, name: str = "buf", *, writable: bool = True):
+    """Return a flat 1-D view of ``buf`` after checking it can be used in place."""
+    kind = array_kind(buf)
+    flags = buf.flags
+    if not flags.c_contiguous:
+        raise InvalidUsageError(
+            f"{collective}: {name} must be C-contiguous (got strides {buf.strides} for shape "
+            f"{buf.shape}); pass a contiguous copy (numpy.ascontiguousarray)"
+        )
+    if writable and kind == "numpy" and not flags.writeable:
+        raise InvalidUsageError(f"{collective}: {name} is read-only; expected a writable array")
+    if buf.dtype not in DTYPE_IS_FLOAT:
+        raise InvalidUsageError(
+            f"{collective}: {name} has unsupported dtype {buf.dtype}; expected one of "
+            f"{', '.join(SUPPORTED_DTYPE_NAMES)} (bfloat16 through ml_dtypes)"
+        )
+    return buf.reshape(-1)
+
+
+def check_same_kind(collective: str, **buffers) -> None:
+    kinds = {name: array_kind(buf) for name, buf in buffers.items()}
+    dtypes = {name: buf.dtype for name, buf in buffers.items()}
+    if len(set(kinds.values())) > 1:
+        raise InvalidUsageError(f"{collective}: buffers live on different devices: {kinds}")
+    if len(set(dtypes.values())) > 1:
+        shown = ", ".join(f"{name}={dtype}" for name, dtype in dtypes.items())
+        raise InvalidUsageError(f"{collective}: buffers must share one dtype, got {shown}")
+
+
+def check_no_overlap(collective: str, out, inp) -> None:
+    """out and inp of allgather/reduce_scatter may not share memory (the result would depend on timing)."""
+    if array_kind(out) == "numpy":
+        overlap = np.shares_memory(out, inp)
+    else:
+        out_start, inp_start = out.data.ptr, inp.data.ptr
+        overlap = out_start < inp_start + inp.nbytes and inp_start < out_start + out.nbytes
+    if overlap and out.size and inp.size:
+        raise InvalidUsageError(f"{collective}: out and inp overlap in memory; expected separate buffers")
+
+
+def check_root(root, size: int, collective: str) -> int:
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral):
+        raise InvalidUsageError(f"{collective}: root must be an int rank, got {type(root).__name__}")
+    if not 0 <= root < size:
+        raise InvalidUsageError(f"{collective}: root {root} out of range; expected 0 <= root < {size}")
+    return int(root)
+
+
+def check_timeout(timeout, what: str) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise InvalidUsageError(f"{what}: timeout must be a number of seconds, got {timeout!r}")
+    timeout = float(timeout)
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise InvalidUsageError(f"{what}: timeout must be a positive finite number of seconds, got {timeout!r}")
+    return timeout
