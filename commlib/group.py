@@ -19,6 +19,7 @@ from .auto import choose_allreduce, native_threshold
 from .config import Config
 from .errors import InvalidUsageError
 from .executor import CommExecutor
+from .progress_board import ProgressBoard
 from .ops import ReduceOp, check_op
 from .transports.mpi import MPITransport
 from .transports.mpi_types import MPI_PREDEFINED
@@ -50,6 +51,8 @@ class ProcessGroup:
         self.segment_bytes = int(segment_bytes or config.segment_bytes)
         self.device = device
         self.transport = MPITransport(comm)
+        self.progress = ProgressBoard(comm) if self.size > 1 else None
+        self.transport.progress_board = self.progress
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
         self._seq = 0
         self._gpu = None
@@ -181,6 +184,7 @@ class ProcessGroup:
         ranks = [check_root(r, self.size, "new_group") for r in ranks]
         if len(set(ranks)) != len(ranks) or not ranks:
             raise InvalidUsageError(f"new_group: ranks must be a non-empty list without repeats, got {ranks}")
+        timeout = self.timeout if timeout is None else check_timeout(timeout, "new_group")
         # Agree on the request with a bounded wait before the (blocking) split.
         self.barrier()
         color = 0 if self.rank in ranks else MPI.UNDEFINED
@@ -188,7 +192,7 @@ class ProcessGroup:
         sub = self.comm.Split(color, key)
         if sub == MPI.COMM_NULL:
             return None
-        return ProcessGroup(sub, timeout=timeout or self.timeout, config=self.config, debug=self.debug,
+        return ProcessGroup(sub, timeout=timeout, config=self.config, debug=self.debug,
                             name=f"{self.name}/{'-'.join(map(str, ranks))}",
                             segment_bytes=self.segment_bytes, device=self.device)
 
@@ -197,6 +201,9 @@ class ProcessGroup:
         if self._gpu is not None:
             self._gpu.close()
         self.transport.close()
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
 
     @property
     def seq(self) -> int:
@@ -223,8 +230,11 @@ class ProcessGroup:
         context = transport.context
         timeout = self.timeout
         checker = self._fingerprints
+        progress = self.progress
 
         def task(seq):
+            if progress is not None:
+                progress.started(seq, collective)
             context.collective = collective
             context.seq = seq
             context.algorithm = algorithm
@@ -272,6 +282,9 @@ class ProcessGroup:
         self._seq += 1
         seq = self._seq
         issue_lock.release()
+        progress = self.progress
+        if progress is not None:
+            progress.mine[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
         try:
             if self.size > 1 and buf.size:
                 request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, buf.size, datatype], mpi_reduce_op)

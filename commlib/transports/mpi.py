@@ -55,12 +55,9 @@ class MPINativeCollectives:
 
     def _wait_native(self, request, nbytes: int) -> None:
         if not wait_all([request], self.context.deadline):
-            raise_timeout(
-                self.rank,
-                self.context,
-                f"the MPI library's {self.context.collective} to complete "
-                f"({format_bytes(nbytes)}; a peer never joined)",
-            )
+            raise_timeout(self.rank, self.context,
+                          f"the MPI library's {self.context.collective} to complete",
+                          self.progress_board)
 
     def native_allreduce(self, buf, op) -> None:
         if buf.size == 0:
@@ -113,6 +110,7 @@ class MPITransport(Transport, MPINativeCollectives):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self.progress_board = None  # set by the group: names laggards in timeout messages
 
     @property
     def tag(self) -> int:
@@ -142,13 +140,15 @@ class MPITransport(Transport, MPINativeCollectives):
             else:
                 buf, peer = sends[index - n_recv]
                 waiting_for.append(f"send of {format_bytes(buf.nbytes)} to rank {peer}")
-        raise_timeout(self.rank, self.context, "; ".join(waiting_for) or "completion")
+        raise_timeout(self.rank, self.context, "; ".join(waiting_for) or "completion",
+                      self.progress_board)
 
 
-def raise_timeout(rank: int, ctx, waiting_for: str) -> None:
+def raise_timeout(rank: int, ctx, waiting_for: str, board=None) -> None:
+    peers = f" [{board.laggards(ctx.seq, ctx.collective)}]" if board is not None else ""
     raise CommTimeoutError(
         f"rank {rank}: {ctx.describe()} timed out after {ctx.timeout:g} s waiting for "
-        f"{waiting_for}"
+        f"{waiting_for}{peers}"
     )
 
 

@@ -1,0 +1,98 @@
+"""Single-process unit tests of the pieces that need no peer: config, validation, work, registry."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import commlib
+from commlib import CommTimeoutError, InvalidUsageError, ReduceOp
+from commlib.algorithms import get_algorithm, register_algorithm
+from commlib.config import Config
+from commlib.fingerprint import describe_mismatch
+from commlib.validation import check_buffer, check_no_overlap, check_root, check_timeout
+
+
+def test_config_reads_every_variable():
+    config = Config.from_env({"COMMLIB_ALGO": "ring", "COMMLIB_DEBUG": "yes", "COMMLIB_TIMEOUT": "7.5",
+                              "COMMLIB_SEGMENT_BYTES": "4096"})
+    assert config == Config(algorithm_override="ring", debug=True, timeout=7.5, segment_bytes=4096)
+    assert Config.from_env({}) == Config()
+    with pytest.raises(ValueError, match="COMMLIB_TIMEOUT"):
+        Config.from_env({"COMMLIB_TIMEOUT": "-1"})
+    with pytest.raises(ValueError, match="COMMLIB_DEBUG"):
+        Config.from_env({"COMMLIB_DEBUG": "maybe"})
+    with pytest.raises(Exception):
+        Config().debug = True  # frozen
+
+
+def test_validation_messages_say_what_was_expected():
+    with pytest.raises(InvalidUsageError, match="C-contiguous"):
+        check_buffer(np.zeros((4, 4))[:, 1], "allreduce")
+    flat = check_buffer(np.zeros((2, 3), np.float32), "allreduce")
+    assert flat.shape == (6,) and flat.base is not None
+    with pytest.raises(InvalidUsageError, match="root 5 out of range"):
+        check_root(5, 4, "broadcast")
+    with pytest.raises(InvalidUsageError, match="root must be an int"):
+        check_root(True, 4, "broadcast")
+    for bad in (0, -1, float("nan"), float("inf"), "3"):
+        with pytest.raises(InvalidUsageError, match="timeout"):
+            check_timeout(bad, "init")
+    a = np.zeros(8)
+    with pytest.raises(InvalidUsageError, match="overlap"):
+        check_no_overlap("allgather", a, a[2:4])
+    check_no_overlap("allgather", np.zeros(4), np.zeros(2))
+
+
+def test_reduce_op_coercion():
+    assert ReduceOp.coerce("max") is ReduceOp.MAX
+    with pytest.raises(InvalidUsageError, match="expected one of SUM"):
+        ReduceOp.coerce(3)
+
+
+def test_work_completes_once_and_reraises_on_every_wait():
+    work = commlib.Work("allreduce", 3, 16)
+    seen = []
+    work.add_done_callback(lambda w: seen.append(w.is_success()))
+    with pytest.raises(CommTimeoutError, match="allreduce #3"):
+        work.wait(timeout=0.01)
+    error = CommTimeoutError("boom")
+    threading.Thread(target=work._complete, args=(error,)).start()
+    for _ in range(2):
+        with pytest.raises(CommTimeoutError, match="boom"):
+            work.wait(timeout=5)
+    work._complete(None)  # a second completion is ignored
+    assert seen == [False] and work.exception() is error
+    late = []
+    work.add_done_callback(lambda w: late.append(True))
+    assert late == [True]
+
+
+def test_registry_rejects_bad_names_and_clashes():
+    with pytest.raises(InvalidUsageError, match="identifier"):
+        register_algorithm("not a name", lambda *a, **k: None)
+    with pytest.raises(InvalidUsageError, match="reserved"):
+        register_algorithm("auto", lambda *a, **k: None)
+    with pytest.raises(InvalidUsageError, match="already registered"):
+        register_algorithm("native", lambda *a, **k: None)
+    with pytest.raises(InvalidUsageError, match="unknown allreduce algorithm 'nope'"):
+        get_algorithm("nope")
+    assert "native" in commlib.algorithms()
+
+
+def test_mismatch_description_names_fields_and_ranks():
+    text = describe_mismatch([["4", "allreduce", "float32", "(1000,)", "SUM", "-1", "ring"],
+                              ["4", "allreduce", "float32", "(10, 100)", "SUM", "-1", "ring"],
+                              ["4", "broadcast", "float32", "(1000,)", "-", "0", ""]], "allreduce", 4)
+    assert "shape differs (ranks 0,2: (1000,) vs rank 1: (10, 100))" in text
+    assert "collective differs" in text and "rank 2 broadcast" in text
+
+
+def test_import_needs_neither_torch_nor_cupy():
+    import subprocess
+    import sys
+
+    code = ("import sys, commlib; bad = [m for m in ('torch', 'cupy') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
