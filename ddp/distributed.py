@@ -1,0 +1,129 @@
+"""``DistributedDataParallel``: the module wrapper users see; the policy lives in the reducer."""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from typing import Optional
+
+import torch
+
+import commlib
+
+from .bucketing import MiB
+from .reducer import Reducer
+from .verify import broadcast_tensors, verify_same_parameters
+
+__all__ = ["DistributedDataParallel"]
+
+
+def _check_cap(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise ValueError(f"DistributedDataParallel: {name} must be a positive number of MiB, got {value!r}")
+    return float(value)
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Data parallelism over a commlib process group (Li et al., VLDB 2020).
+
+    ``model = DistributedDataParallel(net)``: at construction every rank checks that all ranks
+    have the same parameters (count, then shape/dtype/device; a clear error on every rank names
+    the differing rank and parameter) and takes rank 0's parameters and buffers. Each backward
+    then leaves ``.grad`` averaged over the ranks, reduced bucket by bucket while backward runs.
+
+    Arguments: ``process_group`` (default ``commlib.world()``), ``bucket_cap_mb`` /
+    ``first_bucket_cap_mb`` (bucket sizes, MiB), ``find_unused_parameters`` (walk the autograd
+    graph after each forward; parameters it cannot reach count as ready; a parameter no rank used
+    keeps its ``.grad`` untouched), ``broadcast_buffers`` (rank 0's buffers before each forward),
+    ``gradient_as_bucket_view`` (``.grad`` becomes a view of the bucket: no copies, no second
+    gradient-sized buffer), ``algorithm`` (commlib allreduce algorithm), ``tracer`` (an object with
+    ``instant(name, lane, ts, args)`` and ``span(name, lane, start, end, args)``).
+
+    Defined behaviours at the edges:
+
+    * Forward twice, then one backward: allowed; the last forward's preparation counts (with
+      ``find_unused_parameters``, its graph decides which parameters are unused). Gradients of a
+      parameter reached from both outputs are reduced once.
+    * Backward of a graph no DDP forward prepared (``model.module(x)``, or a second backward
+      through a retained graph after the first one was reduced): ``RuntimeError`` from
+      ``backward()`` naming the parameter, because the gradient would silently not be averaged.
+      Inside ``no_sync()`` there is nothing to reduce, so no error.
+    * A parameter with no gradient when backward ends (without ``find_unused_parameters``):
+      ``RuntimeError`` from ``backward()`` naming the parameters; the buckets already launched are
+      waited for first, so the group stays usable. If backward itself failed midway, the next
+      forward raises instead.
+    * A collective that fails on the communication thread: its exception is raised from
+      ``backward()`` (or from the next forward if backward did not reach its end).
+    """
+
+    def __init__(self, module: torch.nn.Module, process_group=None, *, bucket_cap_mb: float = 25,
+                 first_bucket_cap_mb: float = 1, find_unused_parameters: bool = False,
+                 broadcast_buffers: bool = True, gradient_as_bucket_view: bool = False,
+                 algorithm: str = "auto", tracer=None):
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"DistributedDataParallel: expected a torch.nn.Module, got {type(module).__name__}")
+        cap = _check_cap(bucket_cap_mb, "bucket_cap_mb")
+        first_cap = _check_cap(first_bucket_cap_mb, "first_bucket_cap_mb")
+        if not isinstance(algorithm, str):
+            raise TypeError(f"DistributedDataParallel: algorithm must be a str, got {algorithm!r}")
+        self.module = module
+        self.process_group = process_group if process_group is not None else commlib.world()
+        self.broadcast_buffers = bool(broadcast_buffers)
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        self.algorithm = algorithm
+        self._require_sync = True
+
+        named = list(module.named_parameters())
+        devices = {p.device for _, p in named}
+        if len(devices) > 1:
+            raise ValueError(f"DistributedDataParallel: the module's parameters live on several "
+                             f"devices {sorted(map(str, devices))}; expected one device per process")
+        verify_same_parameters(self.process_group, named)
+        self._buffers_to_sync = [b for b in module.buffers()]
+        broadcast_tensors(self.process_group, [p.data for _, p in named] + self._buffers_to_sync)
+
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        self.reducer = Reducer([p for _, p in trainable], [n for n, _ in trainable], self.process_group,
+                               cap_bytes=cap * MiB, first_cap_bytes=first_cap * MiB,
+                               gradient_as_bucket_view=self.gradient_as_bucket_view,
+                               find_unused_parameters=self.find_unused_parameters,
+                               algorithm=algorithm, tracer=tracer)
+
+    # -- training ------------------------------------------------------------------------------
+    def forward(self, *inputs, **kwargs):
+        self.reducer.check_previous_backward()
+        if self.broadcast_buffers and self._buffers_to_sync:
+            broadcast_tensors(self.process_group, self._buffers_to_sync)
+        output = self.module(*inputs, **kwargs)
+        if torch.is_grad_enabled():
+            self.reducer.prepare(output, sync=self._require_sync)
+        return output
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Forward and backward inside accumulate gradients locally, without communication."""
+        previous = self._require_sync
+        self._require_sync = False
+        try:
+            yield
+        finally:
+            self._require_sync = previous
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Reduce each bucket with ``hook(state, bucket) -> work`` (see :mod:`ddp.hooks`)."""
+        self.reducer.set_comm_hook(state, hook)
+
+    # -- introspection -------------------------------------------------------------------------
+    def last_step_stats(self) -> Optional[dict]:
+        """Of the last synchronised backward: ``comm_s``, ``overlapped_comm_s``, ``hidden_fraction``..."""
+        return self.reducer.last_stats()
+
+    def bucket_sizes(self):
+        """Bytes of each bucket buffer DDP allocated (its extra memory for gradients)."""
+        return self.reducer.bucket_sizes()
+
+    def bucket_plan(self):
+        """Parameter indices (order of ``parameters()`` that require grad) of each bucket."""
+        return [bucket.params for bucket in self.reducer.buckets]
