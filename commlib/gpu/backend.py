@@ -1,0 +1,230 @@
+"""``GpuBackend``: a group's collectives on CuPy arrays.
+
+Created by ``ProcessGroup._gpu_backend()`` on the first collective whose buffer is a CuPy array.
+That first call bootstraps, collectively and in issue order (it is itself a task of the group's
+executor, so it cannot interleave with the group's CPU collectives on the MPI communicator):
+the preflight exchange (:mod:`.preflight`) picks every rank's device or raises the same error
+everywhere; then the comm stream, and for the NCCL transport the communicator (rank 0's unique
+id broadcast over MPI).
+
+Every GPU collective then goes through the same executor as the CPU ones (one sequence of
+numbers, one order), as a task that runs the group's closure with the comm stream current
+(:class:`.streams.CommStream`). Synchronous collectives are *stream-synchronous*, like torch's
+NCCL process group: the call returns once the collective is enqueued and the caller's current
+stream waits for it; the CPU never blocks on the GPU unless it asks (``Work.synchronize()``,
+``cupy.ndarray.get()``). Asynchronous ones return a :class:`.work.GpuWork`. A watchdog
+(:mod:`.watchdog`) aborts the communicator when one does not finish within the group's timeout.
+
+The transport is ``"nccl"`` (default) or ``"host_staged"`` (several ranks may share a GPU):
+``GpuBackend(group, transport=...)``, ``commlib.gpu.attach(group, ...)`` before the first GPU
+call, or ``COMMLIB_GPU_TRANSPORT``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+
+from ..errors import CommTimeoutError, GroupAbortedError, InvalidUsageError
+from ..transport import format_bytes
+from .device import import_cupy, probe_local_gpus
+from .preflight import TRANSPORTS, GpuSetupError, RankRecord, decide, exchange_records
+from .watchdog import Watchdog
+from .work import GpuWork
+
+__all__ = ["GpuBackend", "attach", "configured_transport"]
+
+# Collectives whose NCCL native needs an element type NCCL has (int16/uint16 have none).
+_TYPED_NATIVES = {"reduce", "reduce_scatter"}
+
+
+def configured_transport(group) -> str:
+    """``group.config.gpu_transport`` when the core config has it, else ``COMMLIB_GPU_TRANSPORT``.
+
+    (The env fallback lives here only until ``commlib.config.Config`` grows the field.)
+    """
+    value = getattr(group.config, "gpu_transport", None) or os.environ.get("COMMLIB_GPU_TRANSPORT", "")
+    return value.strip() or "nccl"
+
+
+def attach(group, transport: Optional[str] = None, device: Optional[int] = None) -> "GpuBackend":
+    """Choose ``group``'s GPU transport/device before its first GPU collective (local, not collective)."""
+    backend = group._gpu
+    if backend is None:
+        backend = group._gpu = GpuBackend(group, transport=transport, device=device)
+    elif transport is not None and backend.kind != transport:
+        raise InvalidUsageError(f"{group!r}: GPU backend already created with transport "
+                                f"{backend.kind!r}; cannot switch to {transport!r}")
+    return backend
+
+
+class GpuBackend:
+    def __init__(self, group, transport: Optional[str] = None, device: Optional[int] = None):
+        kind = transport or configured_transport(group)
+        if kind not in TRANSPORTS:
+            raise InvalidUsageError(f"GPU transport {kind!r}: expected one of {', '.join(TRANSPORTS)}")
+        self.group = group
+        self.kind = kind
+        self.requested_device = group.device if device is None else device
+        self.device: Optional[int] = None
+        self.transport = None
+        self.comm_stream = None
+        self.watchdog: Optional[Watchdog] = None
+        self._cupy = None
+        self._ready = False
+        self._setup_error: Optional[BaseException] = None
+        self._bootstrap_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<GpuBackend {self.kind} device={self.device} group={self.group.name!r}>"
+
+    # -- bootstrap ------------------------------------------------------------------------------
+    def _ensure_ready(self) -> None:
+        if self._ready:
+            return
+        with self._bootstrap_lock:
+            if self._setup_error is not None:
+                raise self._setup_error
+            if self._ready:
+                return
+            group = self.group
+            outcome = {}
+            group.executor.run_sync(lambda seq: self._bootstrap(outcome), group._next_seq, "gpu_init")
+            if "error" in outcome:
+                self._setup_error = outcome["error"]
+                raise self._setup_error
+            self._ready = True
+
+    def _bootstrap(self, outcome) -> None:
+        """Runs as an executor task. Setup errors every rank agrees on are returned, not raised:
+        all ranks stay in step, so they should not poison the group's CPU collectives."""
+        group = self.group
+        gpus = probe_local_gpus(want_nccl=self.kind == "nccl")
+        record = RankRecord(group.rank, self.kind, self.requested_device, gpus)
+        records = exchange_records(group.comm, record, group.timeout)
+        try:
+            devices = decide(records)
+        except GpuSetupError as exc:
+            outcome["error"] = exc
+            return
+        from .streams import CommStream
+
+        cupy = import_cupy()
+        self._cupy = cupy
+        self.device = devices[group.rank]
+        self.comm_stream = CommStream(cupy, self.device)
+        if self.kind == "nccl":
+            from .nccl_transport import NCCLTransport, create_communicator
+
+            communicator = create_communicator(cupy, group.comm, self.device, group.timeout)
+            self.transport = NCCLTransport(cupy, communicator, group.rank, group.size, self.comm_stream)
+        else:
+            from .host_staged import CupyStager, HostStagedTransport
+
+            self.transport = HostStagedTransport(group.comm, CupyStager(cupy, self.comm_stream))
+        device = self.device
+        self.watchdog = Watchdog(f"{group.name}-r{group.rank}", self._on_timeout,
+                                 thread_setup=lambda: cupy.cuda.Device(device).use())
+
+    # -- issuing --------------------------------------------------------------------------------
+    def issue(self, collective: str, run, nbytes: int, async_op: bool, result, algorithm: str,
+              fingerprint):
+        group = self.group
+        group.executor.check_healthy()  # a watchdog abort poisons the group: raise at once
+        self._ensure_ready()
+        self._check_arguments(collective, result, algorithm, fingerprint)
+        caller, ready = self.comm_stream.caller_ready()
+        work = GpuWork(collective, nbytes, result, self.comm_stream, float("inf"))
+        # The closure holds the flat views of the user's arrays: keep both alive until done.
+        work.keepalive = (result, run)
+        task = self._task(work, run, collective, algorithm, nbytes, fingerprint, ready)
+        if not async_op:
+            group.executor.run_sync(task, group._next_seq, collective, nbytes, result)
+            self.comm_stream.wait_on_caller(caller, work.done_event)
+            return None
+        inner = group.executor.submit(task, group._next_seq, collective, nbytes, result)
+        work._attach(inner)
+        return work
+
+    def _task(self, work, run, collective, algorithm, nbytes, fingerprint, ready):
+        transport, comm_stream, group = self.transport, self.comm_stream, self.group
+
+        def task(seq):
+            work.seq = seq
+            context = transport.context
+            context.collective, context.seq, context.algorithm = collective, seq, algorithm
+            context.nbytes, context.step, context.timeout = nbytes, "", group.timeout
+            context.deadline = time.monotonic() + group.timeout
+            checker = group._fingerprints
+            if checker is not None:
+                checker.check(collective, seq, algorithm, fingerprint)
+            with comm_stream.active(ready):
+                run(transport)
+                work.done_event = comm_stream.record_done()
+            work.deadline = time.monotonic() + group.timeout
+            self.watchdog.track(work)
+
+        return task
+
+    def _check_arguments(self, collective, result, algorithm, fingerprint) -> None:
+        where = getattr(getattr(result, "device", None), "id", self.device)
+        if where != self.device:
+            raise InvalidUsageError(
+                f"{collective}: rank {self.group.rank}: the buffer is on GPU {where}, but this group "
+                f"uses GPU {self.device}; allocate under cupy.cuda.Device({self.device}) or create "
+                f"the group's GPU backend with device={where}"
+            )
+        dtype = fingerprint[0]
+        if self.kind != "nccl" or dtype is None:
+            return
+        from .nccl_transport import nccl_reduce_dtype_ok
+
+        typed = collective in _TYPED_NATIVES or (collective == "allreduce" and algorithm == "native")
+        if typed and not nccl_reduce_dtype_ok(dtype):
+            raise InvalidUsageError(
+                f"{collective}: dtype {np.dtype(dtype).name} has no NCCL reduction type; expected "
+                f"one of int8, uint8, int32, uint32, int64, uint64, float16, float32, float64"
+                + (" (or an allreduce algorithm other than 'native')" if collective == "allreduce" else "")
+            )
+
+    # -- failure --------------------------------------------------------------------------------
+    def _on_timeout(self, expired):
+        group = self.group
+        root = CommTimeoutError(
+            f"rank {group.rank}: {expired.collective} #{expired.seq} ({format_bytes(expired.nbytes)}, "
+            f"{self.kind}) did not complete on GPU {self.device} within {group.timeout:g} s; the "
+            f"watchdog aborted the communicator and group {group.name!r} is unusable"
+        )
+        abort = getattr(self.transport, "abort", None)
+        if abort is not None:
+            abort()
+        group.executor._record_failure(root)
+
+        def error_for(work):
+            if work is expired:
+                return root
+            return CommTimeoutError(
+                f"rank {group.rank}: {work.collective} #{work.seq} ({format_bytes(work.nbytes)}) "
+                f"failed: group {group.name!r} was aborted after {expired.collective} "
+                f"#{expired.seq} timed out"
+            )
+
+        return error_for
+
+    # -- teardown -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Called by ``ProcessGroup.close()`` after the executor drained: let the GPU finish (the
+        watchdog bounds that with the group's timeout), then release the communicator."""
+        if not self._ready:
+            return
+        watchdog = self.watchdog
+        while watchdog.in_flight() and not watchdog.fired:
+            time.sleep(1e-3)
+        watchdog.close()
+        self.transport.close()
+        self._ready = False
+        self._setup_error = GroupAbortedError(f"{self.group!r}: the GPU backend was closed")

@@ -1,0 +1,108 @@
+"""The watchdog: notices GPU collectives that never finish, and ends them.
+
+A GPU collective returns to the caller once it is *enqueued*; if a peer never joins, its NCCL
+kernel spins on the GPU forever and the next ``synchronize`` (or the next kernel on that stream)
+hangs with it. One thread per GPU backend polls the done event of every collective in flight;
+when one passes its deadline, it calls ``on_timeout(work)`` (the backend aborts the NCCL
+communicator, which makes the stuck kernels return, and poisons the group) and fails every work
+still in flight with the error ``on_timeout`` returned for it.
+
+The watchdog knows nothing of CUDA: a tracked work has ``done_probe()`` (CUDA: ``event.done``),
+``deadline`` (``time.monotonic``), ``is_completed()`` and ``_complete(error)``. That keeps it
+testable on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, List, Optional
+
+__all__ = ["Watchdog"]
+
+POLL_SECONDS = 1e-3      # while collectives are in flight
+IDLE_SECONDS = 0.5       # re-check for close() when idle
+
+
+class Watchdog:
+    def __init__(self, name: str, on_timeout: Callable[[object], Callable[[object], BaseException]],
+                 *, poll_seconds: float = POLL_SECONDS, thread_setup: Optional[Callable[[], None]] = None):
+        """``on_timeout(expired)`` runs once, on the watchdog thread; it returns ``error_for(work)``."""
+        self.name = name
+        self._on_timeout = on_timeout
+        self._poll = poll_seconds
+        self._thread_setup = thread_setup
+        self._works: List[object] = []
+        self._cond = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+        self.fired = False
+
+    def track(self, work) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: watchdog closed")
+            self._works.append(work)
+            self._cond.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"commlib-watchdog-{self.name}",
+                                                daemon=True)
+                self._thread.start()
+
+    def in_flight(self) -> int:
+        with self._cond:
+            return len(self._works)
+
+    def _loop(self) -> None:
+        if self._thread_setup is not None:
+            self._thread_setup()
+        while True:
+            with self._cond:
+                while not self._works and not self._closed:
+                    self._cond.wait(IDLE_SECONDS)
+                if self._closed and not self._works:
+                    return
+                works = list(self._works)
+            finished, expired = self._scan(works)
+            if finished or expired is not None:
+                with self._cond:
+                    self._works = [w for w in self._works if w not in finished]
+            if expired is not None:
+                self._fire(expired)
+                continue
+            time.sleep(self._poll)
+
+    def _scan(self, works):
+        finished = []
+        now = time.monotonic()
+        expired = None
+        for work in works:
+            if work.is_completed():       # failed elsewhere (enqueue error) or synchronize() saw it
+                finished.append(work)
+            elif work.done_probe():
+                work._complete(None)
+                finished.append(work)
+            elif now >= work.deadline and expired is None:
+                expired = work
+        return finished, expired
+
+    def _fire(self, expired) -> None:
+        self.fired = True
+        error_for = self._on_timeout(expired)
+        with self._cond:
+            victims, self._works = self._works, []
+        # The expired work first: its error is the root cause the others' messages point to.
+        victims.sort(key=lambda w: w is not expired)
+        for work in victims:
+            work._complete(error_for(work))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop polling. Works still in flight stay as they are (the backend drains them first)."""
+        with self._cond:
+            self._closed = True
+            self._works = []
+            self._cond.notify()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._thread = None
