@@ -143,6 +143,7 @@ class Reducer:
         self._local_used[:] = 0
         self._next_launch = 0
         self._backward_started_at = None
+        self._ready_order = []  # only a complete backward's order counts for the rebuild
 
     def _on_grad_ready(self, index: int) -> None:
         if not self._armed:

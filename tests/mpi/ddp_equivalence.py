@@ -141,6 +141,8 @@ def run_case(checker, group, name, cap, as_view):
         ddp_step(model, name, step, group.rank, group.size)
         reference_step(reference, name, step, group.size)
         for (pname, p), q in zip(local.named_parameters(), reference.parameters()):
+            if step not in (0, STEPS - 1):
+                break  # the first step (initial plan) and the last (rebuilt plan) are enough
             checker.check((p.grad is None) == (q.grad is None),
                           f"{what} step {step}: {pname}.grad is None on one side only")
             if p.grad is not None and q.grad is not None:
