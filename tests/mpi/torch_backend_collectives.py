@@ -1,0 +1,180 @@
+"""The public torch.distributed collectives over the "commlib" backend, against closed forms.
+
+    mpiexec -n 3 python tests/mpi/torch_backend_collectives.py
+
+Rank r contributes values derived from r, so every expected result is a formula. Each
+collective runs sync and with async_op=True; allreduce over every dtype x op the backend
+accepts, bitwise ops on integers, non-contiguous and empty tensors, subgroups, and the errors.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import autograd_bridge  # noqa: E402
+import commlib  # noqa: E402
+from verdict import Checker  # noqa: E402
+
+torch.set_num_threads(1)
+RED = dist.ReduceOp
+N = 7
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+EXACT_OPS = {RED.SUM: np.sum, RED.MIN: np.min, RED.MAX: np.max, RED.PRODUCT: np.prod}
+
+
+def contribution(rank, dtype, n=N):
+    """Small integers (exact in every dtype, products < 127): k % 4 + 1 + rank."""
+    return (torch.arange(n) % 4 + 1 + rank).to(dtype)
+
+
+def as_f64(t):
+    return t.to(torch.float64).numpy()
+
+
+def run_async(async_op, fn):
+    work = fn(async_op)
+    if async_op:
+        work.wait()
+
+
+def check_allreduce(checker, rank, size):
+    everyone = np.stack([as_f64(contribution(r, torch.float64)) for r in range(size)])
+    for dtype in FLOATS + INTS:
+        ops = dict(EXACT_OPS)
+        if dtype.is_floating_point:
+            ops[RED.AVG] = np.mean
+        for op, reduce in ops.items():
+            for async_op in (False, True):
+                t = contribution(rank, dtype)
+                run_async(async_op, lambda a: dist.all_reduce(t, op=op, async_op=a))
+                what = f"all_reduce {dtype} {op} async_op={async_op}"
+                expected = reduce(everyone, axis=0)
+                if op == RED.AVG and dtype in (torch.float16, torch.bfloat16):
+                    checker.close(as_f64(t), expected, what, rtol=1e-2, atol=0)
+                elif op == RED.AVG:
+                    checker.close(as_f64(t), expected, what, rtol=1e-6, atol=0)
+                else:
+                    checker.equal(as_f64(t), expected, what)
+    bits = [(1 << r) | 64 for r in range(size)]
+    for dtype in (torch.uint8, torch.int32, torch.int64):
+        for op, fn in ((RED.BAND, np.bitwise_and), (RED.BOR, np.bitwise_or), (RED.BXOR, np.bitwise_xor)):
+            t = torch.full((5,), bits[rank], dtype=dtype)
+            dist.all_reduce(t, op=op)
+            checker.equal(t.numpy(), np.full(5, fn.reduce(bits)), f"all_reduce {dtype} {op}")
+    flags = torch.tensor([rank == 0, True, rank == size - 1, False])
+    dist.all_reduce(flags, op=RED.BOR)
+    checker.equal(flags.numpy(), np.array([True, True, True, False]), "all_reduce bool BOR")
+    # A work's future carries the tensors (DDP's hooks read fut.value()[0]).
+    t = contribution(rank, torch.float32)
+    work = dist.all_reduce(t, async_op=True)
+    value = work.get_future().wait()
+    checker.check(value[0] is t or value[0].data_ptr() == t.data_ptr(), "future value is not the tensor")
+    checker.equal(as_f64(t), everyone.sum(axis=0), "all_reduce future value")
+    # Many in flight at once, waited in reverse: issue order is completion order.
+    tensors = [torch.full((1000 * (i + 1),), float(rank + i)) for i in range(8)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    for work in reversed(works):
+        work.wait()
+    for i, t in enumerate(tensors):
+        checker.equal(t.numpy(), np.full(t.numel(), float(sum(r + i for r in range(size)))), f"in flight #{i}")
+    big = torch.full((1 << 20,), float(rank))  # 4 MiB: past every inline threshold
+    dist.all_reduce(big)
+    checker.equal(big[::4099].numpy(), np.full(big[::4099].numel(), float(sum(range(size)))), "all_reduce 4 MiB")
+    # Non-contiguous: staged through a copy and written back.
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) + rank
+    view = base.t()
+    dist.all_reduce(view)
+    checker.equal(base.numpy(), (np.arange(12).reshape(3, 4) * size + sum(range(size))), "all_reduce transposed")
+    empty = torch.empty(0)
+    dist.all_reduce(empty)
+    checker.check(empty.numel() == 0, "all_reduce of an empty tensor")
+    requires = torch.ones(3, requires_grad=True)
+    with torch.no_grad():
+        dist.all_reduce(requires)
+    checker.equal(requires.detach().numpy(), np.full(3, float(size)), "all_reduce of a leaf that requires grad")
+
+
+def check_others(checker, rank, size):
+    for root in range(size):
+        for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.bool):
+            for async_op in (False, True):
+                t = contribution(rank, dtype) if dtype != torch.bool else torch.tensor([rank % 2 == 0] * 3)
+                expected = contribution(root, dtype) if dtype != torch.bool else torch.tensor([root % 2 == 0] * 3)
+                run_async(async_op, lambda a: dist.broadcast(t, root, async_op=a))
+                checker.equal(as_f64(t), as_f64(expected), f"broadcast {dtype} root {root} async_op={async_op}")
+        t = contribution(rank, torch.int32)
+        dist.reduce(t, root, op=RED.SUM)
+        if rank == root:
+            checker.equal(t.numpy(), sum(contribution(r, torch.int32) for r in range(size)).numpy(), f"reduce to {root}")
+    for async_op in (False, True):
+        outs = [torch.full((2, 3), -1, dtype=torch.int64) for _ in range(size)]
+        run_async(async_op, lambda a: dist.all_gather(outs, torch.full((2, 3), 10 * rank + 1, dtype=torch.int64), async_op=a))
+        for r, out in enumerate(outs):
+            checker.equal(out.numpy(), np.full((2, 3), 10 * r + 1), f"all_gather [{r}] async_op={async_op}")
+        flat = torch.zeros(size * 4, dtype=torch.float16)
+        run_async(async_op, lambda a: dist.all_gather_into_tensor(flat, torch.full((4,), rank + 0.5, dtype=torch.float16), async_op=a))
+        checker.equal(as_f64(flat), np.repeat(np.arange(size) + 0.5, 4), f"all_gather_into_tensor async_op={async_op}")
+        for op, combine in ((RED.SUM, np.sum), (RED.MAX, np.max), (RED.AVG, np.mean)):
+            inp = torch.arange(size * 3, dtype=torch.float64) * (rank + 1)
+            out = torch.zeros(3, dtype=torch.float64)
+            run_async(async_op, lambda a: dist.reduce_scatter_tensor(out, inp, op=op, async_op=a))
+            full = combine(np.stack([np.arange(size * 3) * (r + 1.0) for r in range(size)]), axis=0)
+            checker.close(out.numpy(), full[rank * 3:(rank + 1) * 3], f"reduce_scatter_tensor {op} async_op={async_op}")
+        parts = [torch.full((2,), float(rank * 100 + i)) for i in range(size)]
+        out = torch.zeros(2)
+        run_async(async_op, lambda a: dist.reduce_scatter(out, parts, async_op=a))
+        checker.equal(out.numpy(), np.full(2, float(sum(r * 100 + rank for r in range(size)))), f"reduce_scatter list async_op={async_op}")
+        run_async(async_op, lambda a: dist.barrier(async_op=a))
+    checker.check(True, "barrier returned")
+
+
+def check_subgroup_and_errors(checker, rank, size):
+    members = [0, size - 1] if size > 1 else [0]
+    sub = dist.new_group(ranks=members, backend="commlib")
+    if rank in members:
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=sub)
+        checker.equal(t.numpy(), np.array([float(sum(set(members)))]), f"subgroup {members} all_reduce")
+        checker.check(isinstance(sub, autograd_bridge.CommlibProcessGroup), f"subgroup is {sub!r}")
+    checker.raises(commlib.InvalidUsageError, lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=RED.AVG),
+                   "AVG of int32", match="AVG")
+    checker.raises(commlib.InvalidUsageError, lambda: dist.all_reduce(torch.ones(2), op=RED.BAND),
+                   "BAND of float32", match="integer")
+    checker.raises(commlib.InvalidUsageError, lambda: dist.all_gather([torch.zeros(3)] * size, torch.zeros(2)),
+                   "all_gather with wrong output shapes", match="expected")
+    # Nothing was sent by the failed calls: the group still works.
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    checker.equal(t.numpy(), np.array([float(size)]), "all_reduce after usage errors")
+
+
+def main():
+    from mpi4py import MPI
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    checker = Checker()
+    # torch's rank/world_size must be MPI's: a clear error before anything else happens.
+    checker.raises(commlib.InvalidUsageError,
+                   lambda: dist.init_process_group("commlib", rank=(rank + 1) % (size + 1), world_size=size + 1,
+                                                   store=dist.HashStore()),
+                   "init_process_group with ranks that are not MPI's", match="mpiexec")
+    checker.check(not dist.is_initialized(), "a failed init_process_group left torch initialized")
+    pg = autograd_bridge.init_process_group()
+    checker.check(dist.get_backend() == "commlib", f"backend is {dist.get_backend()!r}")
+    checker.check(isinstance(pg, autograd_bridge.CommlibProcessGroup), f"default group is {pg!r}")
+    checker.check((dist.get_rank(), dist.get_world_size()) == (rank, size), "rank/world size differ from MPI's")
+    check_allreduce(checker, rank, size)
+    check_others(checker, rank, size)
+    check_subgroup_and_errors(checker, rank, size)
+    dist.destroy_process_group()
+    checker.finish()
+
+
+if __name__ == "__main__":
+    main()
