@@ -1,9 +1,9 @@
 # mpiexec -n 4 python mpi_examples/allreduce_algorithms.py [--sizes 1K,64K,1M] [--iters 20]
 """Every registered allreduce algorithm on a few message sizes: is it right, and how fast?
 
-Each rank contributes ``rank + i mod 4096`` at index ``i`` (small integers: every partial sum is
-exact in float32, whatever the order), so the sum has a closed form: ``P*(i mod 4096) + P(P-1)/2``. A wrong element anywhere is counted on every rank.
-Times are medians over ``--iters`` runs after one warm-up, measured between barriers.
+Each rank contributes ``rank + i mod 4096`` at index ``i``: small integers, so every partial sum
+is exact in float32 whatever the order and the result has a closed form, ``P*(i mod 4096) +
+P(P-1)/2``. A wrong element anywhere is counted on every rank. Times are medians over ``--iters`` runs after one warm-up, measured between barriers.
 """
 
 import argparse
