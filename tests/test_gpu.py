@@ -10,9 +10,7 @@ stager, the watchdog and ``GpuWork`` with host-side stand-ins for CUDA events, a
 
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 

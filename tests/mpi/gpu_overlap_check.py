@@ -7,7 +7,7 @@ Streams and the watchdog, measured with CUDA events on one GPU:
   kernel still runs;
 * ordering: the same collective issued from the compute stream starts only after the kernel;
 * watchdog: a collective that cannot finish within its group's 2 s timeout (its stream waits on
-  a 5 s kernel) fails with CommTimeoutError naming op and sequence number after ~2 s, and the
+  a ~6 s kernel) fails with CommTimeoutError naming op and sequence number after ~2 s, and the
   next call on that group raises at once.
 """
 
@@ -35,15 +35,19 @@ def spin(stream, cycles):
 
 
 def calibrate():
-    """Clock cycles per second of the spin kernel (clock64 counts SM cycles, clocks vary)."""
+    """Clock cycles per second of the spin kernel (clock64 counts SM cycles; clocks ramp up under
+    load, so warm up first)."""
     stream = cupy.cuda.Stream(non_blocking=True)
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    cycles = 50_000_000
-    start.record(stream)
-    spin(stream, cycles)
-    end.record(stream)
-    end.synchronize()
-    return cycles / (cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    cycles = 200_000_000
+    rate = 0.0
+    for _ in range(3):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        spin(stream, cycles)
+        end.record(stream)
+        end.synchronize()
+        rate = cycles / (cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return rate
 
 
 def collective(backend, x, events):
@@ -91,7 +95,7 @@ def check_watchdog(check, pg, rate, transport):
     sub.allreduce(y)  # bootstrap outside the timed part
     cupy.cuda.get_current_stream().synchronize()
     blocker = cupy.cuda.Stream(non_blocking=True)
-    spin(blocker, int(5.0 * rate))
+    spin(blocker, int(6.0 * rate))  # 3x the timeout: robust to clock changes
     with blocker:
         work = sub.allreduce(y, async_op=True)
     start = time.monotonic()
