@@ -160,10 +160,10 @@ def summarize(stats: List[StepStats], max_steps: int = 12, out=sys.stdout) -> No
         print(f"{rank:>4} {len(rows):>5} {mean('forward_us'):>9.3f} {mean('backward_us'):>9.3f} "
               f"{mean('finalize_us'):>9.3f} {mean('optimizer_us'):>9.3f} {mean('comm_us'):>9.3f} "
               f"{mean('hidden_us'):>9.3f} {100 * hidden / comm if comm else 0:>7.1f}%", file=out)
-    comm = sum(s.comm_us for s in stats if s.step != first)
-    hidden = sum(s.hidden_us for s in stats if s.step != first)
+    counted = [s for s in stats if s.step != first] or stats
+    comm, hidden = sum(s.comm_us for s in counted), sum(s.hidden_us for s in counted)
     print(f"communication hidden behind computation: {100 * hidden / comm if comm else 0:.1f}% "
-          f"of {comm / 1e3:.3f} ms allreduce time", file=out)
+          f"of {comm / 1e3:.3f} ms allreduce time (all ranks and steps)", file=out)
     slowest_count = defaultdict(int)
     print(f"{'step':>5} {'slowest':>7} {'busy ms':>8} {'others wait ms':>14} {'step ms':>8}", file=out)
     for index, (step, rows) in enumerate(sorted(by_step.items())):

@@ -35,7 +35,7 @@ def main():
     # torch's DDP: every rank sees a different slice of y = 3x - 2 (+ noise) and they agree anyway.
     torch.manual_seed(rank)  # different initial weights: DDP broadcasts rank 0's at construction
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     x = torch.linspace(-1, 1, 64 * size)[rank::size].unsqueeze(1)
     y = 3 * x - 2 + 0.01 * torch.randn_like(x)
     first_loss = None

@@ -1,0 +1,109 @@
+"""The trace of a real 2-rank training run (Trace Event Format, every bucket on every rank), the
+timeline tool that reads it (figures, PNG), and the interval arithmetic behind its figures."""
+
+import io
+import json
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+from mpirun import ROOT, run_mpi
+
+from ddp import timeline
+
+# small_cnn of train_digits.py: conv 1->32 (3x3), conv 32->64 (3x3), linear 1024->128, linear 128->10.
+CNN_PARAMETERS = (32 * 9 + 32) + (64 * 32 * 9 + 64) + (1024 * 128 + 128) + (128 * 10 + 10)
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "trace.json"
+    run_mpi(ROOT / "mpi_examples" / "train_digits.py", 2, "--epochs", "1", "--no-progress", "--trace", str(path),
+            timeout=150)
+    return path
+
+
+@pytest.mark.mpi
+def test_trace_is_trace_event_format_with_every_bucket_on_every_rank(trace_path):
+    trace = json.loads(trace_path.read_text())
+    events = trace["traceEvents"]
+    assert isinstance(events, list) and events
+    for event in events:
+        assert {"ph", "pid", "tid", "name"} <= event.keys(), event
+        assert event["ph"] in ("X", "i", "M"), event
+        if event["ph"] != "M":
+            assert isinstance(event["ts"], (int, float)) and event["ts"] >= -1e3, event  # near rank 0's zero
+        if event["ph"] == "X":
+            assert event["dur"] >= 0, event
+    assert {e["pid"] for e in events} == {0, 1}
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    assert {(r, lane) for r in (0, 1) for lane in ("compute", "comm")} <= names
+
+    ready = defaultdict(set)      # (rank, step) -> buckets
+    reduced = defaultdict(dict)   # (rank, step) -> bucket -> bytes
+    spans = defaultdict(set)      # (rank, step) -> span names
+    for e in events:
+        if e["ph"] == "M":
+            continue
+        key = (e["pid"], e["args"]["step"])
+        spans[key].add(e["name"])
+        if e["name"] == "bucket_ready":
+            ready[key].add(e["args"]["bucket"])
+        elif e["name"] == "allreduce":
+            assert e["cat"] == "comm" and e["args"]["algorithm"], e
+            reduced[key][e["args"]["bucket"]] = e["args"]["bytes"]
+    steps = {step for _, step in spans}
+    assert steps == set(range(23)), steps  # 1437 training samples / (2 ranks x 32) = 23 steps
+    for rank in (0, 1):
+        for step in steps:
+            key = (rank, step)
+            assert {"forward", "backward", "optimizer", "finalize"} <= spans[key], (key, spans[key])
+            buckets = set(reduced[key])
+            assert len(buckets) >= 3 and buckets == set(range(len(buckets))) == ready[key], (key, buckets, ready[key])
+            # Every gradient byte is in exactly one bucket's allreduce, every step, on every rank.
+            assert sum(reduced[key].values()) == 4 * CNN_PARAMETERS, (key, reduced[key])
+    assert trace["otherData"]["ranks"] == 2 and len(trace["otherData"]["clock_offset_us"]) == 2
+
+
+@pytest.mark.mpi
+def test_timeline_prints_figures_and_writes_the_png(trace_path, tmp_path):
+    png = tmp_path / "overlap.png"
+    result = subprocess.run([sys.executable, "-m", "ddp.timeline", str(trace_path), "--png", str(png)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "communication hidden behind computation:" in result.stdout
+    assert "slowest rank: rank" in result.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    stats = timeline.step_stats(timeline.load_trace(trace_path))
+    assert len(stats) == 2 * 23 and all(0.0 <= s.hidden_fraction <= 1.0 for s in stats)
+    assert all(s.comm_us > 0 and s.buckets >= 3 for s in stats)
+
+
+def test_interval_arithmetic():
+    assert timeline.union([(5, 6), (0, 2), (1, 3), (3, 4), (7, 7)]) == [(0, 4), (5, 6)]
+    assert timeline.intersect([(0, 4), (5, 9)], [(3, 6), (8, 10)]) == [(3, 4), (5, 6), (8, 9)]
+    assert timeline.subtract([(0, 10)], [(2, 3), (5, 12)]) == [(0, 2), (3, 5)]
+    assert timeline.subtract([(0, 2), (4, 6)], [(-1, 0), (6, 7)]) == [(0, 2), (4, 6)]
+    assert timeline.total([(0, 2), (5, 6)]) == 3
+
+
+def test_step_stats_hidden_excludes_finalize():
+    """Allreduce 30-80 over backward 20-90 whose last 20 (finalize) only wait: 40 of 50 hidden."""
+    def span(name, ts, dur, cat="compute", **args):
+        return {"name": name, "ph": "X", "cat": cat, "pid": 0, "tid": 1, "ts": ts, "dur": dur,
+                "args": {"step": 3, **args}}
+
+    trace = {"traceEvents": [
+        span("forward", 0, 20), span("backward", 20, 70), span("finalize", 70, 20), span("optimizer", 90, 5),
+        span("allreduce", 30, 30, "comm", bucket=0), span("allreduce", 55, 25, "comm", bucket=1),
+    ]}
+    (stats,) = timeline.step_stats(trace)
+    assert (stats.rank, stats.step, stats.buckets) == (0, 3, 2)
+    assert stats.comm_us == 50 and stats.hidden_us == 40 and stats.hidden_fraction == 0.8
+    assert stats.busy_us == 20 + 50 + 5 and stats.duration_us == 95
+    out = io.StringIO()
+    timeline.summarize([stats], out=out)
+    assert "communication hidden behind computation: 80.0% of 0.050 ms" in out.getvalue()
+    assert "slowest rank: rank 0 in 1/1 steps" in out.getvalue()
