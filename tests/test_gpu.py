@@ -73,6 +73,9 @@ def test_decide_names_nccl_version_mismatch_and_missing_gpus():
     records = [record(0, "a", ["GPU-a"]), record(1, "b", [], problem="cupy is not installed")]
     with pytest.raises(GpuSetupError, match="rank without a usable GPU.*rank 1 on b: cupy is not installed"):
         decide(records)
+    records = [record(0, "a", ["GPU-a"]), record(1, "b", ["GPU-b"], nccl=0, problem="NCCL library not loadable")]
+    with pytest.raises(GpuSetupError, match="nccl GPU transport cannot run on every rank.*rank 1 on b: NCCL"):
+        decide(records)
 
 
 def test_format_nccl_version():

@@ -126,6 +126,8 @@ class GpuBackend:
             from .host_staged import CupyStager, HostStagedTransport
 
             self.transport = HostStagedTransport(group.comm, CupyStager(cupy, self.comm_stream))
+            # Host-staged MPI timeouts then name the laggard ranks, as the CPU path's do.
+            self.transport.host.progress_board = getattr(group, "progress", None)
         device = self.device
         self.watchdog = Watchdog(f"{group.name}-r{group.rank}", self._on_timeout,
                                  thread_setup=lambda: cupy.cuda.Device(device).use())
@@ -155,6 +157,9 @@ class GpuBackend:
 
         def task(seq):
             work.seq = seq
+            progress = getattr(group, "progress", None)
+            if progress is not None:
+                progress.started(seq, collective)
             context = transport.context
             context.collective, context.seq, context.algorithm = collective, seq, algorithm
             context.nbytes, context.step, context.timeout = nbytes, "", group.timeout

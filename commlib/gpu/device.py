@@ -92,9 +92,11 @@ def _device_uuid(cupy, ordinal: int) -> str:
     # getDeviceProperties(...)["uuid"] is 16 raw bytes in CuPy builds for CUDA >= 10 (read in
     # cupy_backends/cuda/api/runtime.pyx; unverified on the lent machine). The PCI bus id is
     # the fallback: unique per physical GPU on one host, which is what the duplicate check needs.
+    # Cython may turn the char[16] into bytes C-string style, cut at the first zero byte: a
+    # shorter value could make two GPUs look alike, so only a full 16 bytes counts as a UUID.
     try:
         raw = cupy.cuda.runtime.getDeviceProperties(ordinal).get("uuid")
-        if raw:
+        if raw is not None and len(bytes(raw)) == 16:
             return "GPU-" + bytes(raw).hex()
     except Exception:
         pass

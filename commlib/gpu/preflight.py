@@ -111,7 +111,9 @@ def decide(records: Sequence[RankRecord]) -> List[int]:
     without_gpu = [r for r in records if r.gpus.problem]
     if without_gpu:
         shown = "; ".join(f"rank {r.rank} on {r.gpus.host}: {r.gpus.problem}" for r in without_gpu)
-        raise GpuSetupError(f"GPU preflight: a CuPy array on a rank without a usable GPU ({shown})")
+        if all(not r.gpus.uuids for r in without_gpu):
+            raise GpuSetupError(f"GPU preflight: a CuPy array on a rank without a usable GPU ({shown})")
+        raise GpuSetupError(f"GPU preflight: the {transport} GPU transport cannot run on every rank ({shown})")
 
     locals_ = local_ranks([r.gpus.host for r in records])
     devices, bad = [], []
