@@ -6,10 +6,10 @@ peer's chunk at once, then an allgather in which every owner sends its reduced c
 
 * chunk: the ``n/p`` elements rank ``r`` owns (``split_bounds``); the owner alone reduces it,
   so every rank ends with the same bytes;
-* cost (alpha-beta): 2 steps of ``p-1`` concurrent messages of ``n/p`` each: ``2(alpha +
-  (p-1) n/p beta)`` if the network carries the ``p-1`` messages in parallel. Same bytes as the
-  ring, a constant number of steps instead of ``2(p-1)``: it wins on latency for small ``p``
-  and loses when ``p-1`` messages contend for one link;
+* cost (alpha-beta): 2 steps of ``p-1`` concurrent messages of ``n/p`` each, ``2(alpha +
+  (p-1) n/p beta)`` when a rank's link carries its messages one after another: the ring's
+  bytes with 2 latencies instead of ``2(p-1)``. It wins for small messages and small ``p``;
+  for large ``p`` every rank receives from all others at once (incast) and the ring wins;
 * scratch: ``(p-1) n/p`` elements, one slot per peer.
 """
 
