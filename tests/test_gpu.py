@@ -123,9 +123,9 @@ def test_gpu_work_synchronize_and_watchdog_completion():
     other = gpu_work("broadcast", 0.02, timeout=10, seq=2)
     watchdog.track(other)
     deadline = time.monotonic() + 5
-    while not other.is_completed() and time.monotonic() < deadline:
+    while watchdog.in_flight() and time.monotonic() < deadline:  # the watchdog alone completes it
         time.sleep(0.01)
-    assert other.is_success() and not fired and watchdog.in_flight() == 0
+    assert watchdog.in_flight() == 0 and other._done.is_set() and other.is_success() and not fired
     watchdog.close()
 
 
