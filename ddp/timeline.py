@@ -223,7 +223,8 @@ def draw_step(trace: dict, step: int, png_path) -> None:
                 width = event["dur"] / 1e3
                 ax.broken_barh([(start, width)], (comm_y, 0.8), color=bucket_colors[int(bucket) % 20],
                                edgecolor="black", linewidth=0.5)
-                ax.text(start + width / 2, comm_y + 0.4, f"b{bucket}\n{event['args'].get('algorithm', '')}",
+                kib = event["args"].get("bytes", 0) / 1024
+                ax.text(start + width / 2, comm_y + 0.4, f"b{bucket} {kib:.0f}K\n{event['args'].get('algorithm', '')}",
                         ha="center", va="center", fontsize=6)
             elif event["ph"] == "i" and name == "bucket_ready":
                 ax.vlines(start, compute_y, compute_y + 0.8, color="black", linewidth=0.8)
