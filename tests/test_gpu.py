@@ -3,7 +3,8 @@
 Without a GPU: import without CuPy, device selection arithmetic, the preflight decision (in
 process, and under mpiexec with fabricated records exchanged over real MPI), the "CuPy array on
 a rank without a GPU" error through the whole group path, the host-staged transport with a numpy
-stager, the watchdog and ``GpuWork`` with host-side stand-ins for CUDA events, and
+stager, the watchdog and ``GpuWork`` with host-side stand-ins for CUDA events, the backend's
+control flow under mpiexec with a host stand-in for CuPy (tests/mpi/gpu_standin), and
 ``scripts/gpu_check.py`` reporting "no GPU". With a GPU (``-m gpu``): the scripts that
 ``scripts/gpu_check.sh`` runs.
 """
@@ -88,6 +89,14 @@ def test_format_nccl_version():
 @pytest.mark.parametrize("nprocs", (1, 2, 3, 4))
 def test_preflight_host_staged_and_no_gpu_path_under_mpi(nprocs):
     run_mpi("gpu_nogpu_check.py", nprocs, timeout=120)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", (1, 2, 3))
+def test_backend_control_flow_with_cupy_standin_under_mpi(nprocs):
+    """The backend's flow with tests/mpi/gpu_standin (host stand-in for CuPy; no CUDA semantics)."""
+    standin = ROOT / "tests" / "mpi" / "gpu_standin"
+    run_mpi("gpu_standin_check.py", nprocs, timeout=120, env={"PYTHONPATH": f"{standin}:{ROOT}"})
 
 
 class HostEvent:
