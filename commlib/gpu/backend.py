@@ -129,7 +129,7 @@ class GpuBackend:
             # Host-staged MPI timeouts then name the laggard ranks, as the CPU path's do.
             self.transport.host.progress_board = getattr(group, "progress", None)
         device = self.device
-        self.watchdog = Watchdog(f"{group.name}-r{group.rank}", self._on_timeout,
+        self.watchdog = Watchdog(f"{group.name}-r{group.rank}", self._on_timeout, after_failing=self._abort,
                                  thread_setup=lambda: cupy.cuda.Device(device).use())
 
     # -- issuing --------------------------------------------------------------------------------
@@ -202,11 +202,10 @@ class GpuBackend:
         root = CommTimeoutError(
             f"rank {group.rank}: {expired.collective} #{expired.seq} ({format_bytes(expired.nbytes)}, "
             f"{self.kind}) did not complete on GPU {self.device} within {group.timeout:g} s; the "
-            f"watchdog aborted the communicator and group {group.name!r} is unusable"
+            f"watchdog aborts the communicator and group {group.name!r} is unusable"
         )
-        abort = getattr(self.transport, "abort", None)
-        if abort is not None:
-            abort()
+        # Poison first: from here on every call on the group raises at once, so nothing new
+        # reaches the communicator that after_failing (_abort) tears down.
         group.executor._record_failure(root)
 
         def error_for(work):
@@ -219,6 +218,11 @@ class GpuBackend:
             )
 
         return error_for
+
+    def _abort(self) -> None:
+        abort = getattr(self.transport, "abort", None)  # host-staged: nothing on the GPU to abort
+        if abort is not None:
+            abort()
 
     # -- teardown -------------------------------------------------------------------------------
     def close(self) -> None:

@@ -3,9 +3,9 @@
 A GPU collective returns to the caller once it is *enqueued*; if a peer never joins, its NCCL
 kernel spins on the GPU forever and the next ``synchronize`` (or the next kernel on that stream)
 hangs with it. One thread per GPU backend polls the done event of every collective in flight;
-when one passes its deadline, it calls ``on_timeout(work)`` (the backend aborts the NCCL
-communicator, which makes the stuck kernels return, and poisons the group) and fails every work
-still in flight with the error ``on_timeout`` returned for it.
+when one passes its deadline, it calls ``on_timeout(work)`` (the backend poisons the group),
+fails every work still in flight with the error ``on_timeout`` returned for it, then calls
+``after_failing()`` (the backend aborts the NCCL communicator, which makes stuck kernels return).
 
 The watchdog knows nothing of CUDA: a tracked work has ``done_probe()`` (CUDA: ``event.done``),
 ``deadline`` (``time.monotonic``), ``is_completed()`` and ``_complete(error)``. That keeps it
@@ -26,10 +26,14 @@ IDLE_SECONDS = 0.5       # re-check for close() when idle
 
 class Watchdog:
     def __init__(self, name: str, on_timeout: Callable[[object], Callable[[object], BaseException]],
-                 *, poll_seconds: float = POLL_SECONDS, thread_setup: Optional[Callable[[], None]] = None):
-        """``on_timeout(expired)`` runs once, on the watchdog thread; it returns ``error_for(work)``."""
+                 *, after_failing: Optional[Callable[[], None]] = None, poll_seconds: float = POLL_SECONDS,
+                 thread_setup: Optional[Callable[[], None]] = None):
+        """``on_timeout(expired)`` runs once, on the watchdog thread, and returns ``error_for(work)``;
+        ``after_failing()`` runs once the works were failed (the abort: it may take a while, and
+        the callers waiting in ``synchronize`` should not wait for it)."""
         self.name = name
         self._on_timeout = on_timeout
+        self._after_failing = after_failing
         self._poll = poll_seconds
         self._thread_setup = thread_setup
         self._works: List[object] = []
@@ -95,6 +99,8 @@ class Watchdog:
         victims.sort(key=lambda w: w is not expired)
         for work in victims:
             work._complete(error_for(work))
+        if self._after_failing is not None:
+            self._after_failing()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop polling. Works still in flight stay as they are (the backend drains them first)."""
