@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from commlib import CommTimeoutError, InvalidUsageError
+from commlib import CommError, CommTimeoutError, InvalidUsageError
 from commlib.gpu.device import LocalGpus, local_ranks, select_device
 from commlib.gpu.preflight import GpuSetupError, RankRecord, decide, format_nccl_version
 from commlib.gpu.watchdog import Watchdog
@@ -160,6 +160,24 @@ def test_watchdog_times_out_fails_every_work_in_flight_once():
     assert fired == [stuck] and watchdog.fired and stuck.keepalive is None
     watchdog.close()
     assert watchdog._thread is None
+
+
+def test_watchdog_fails_a_work_whose_event_query_raises():
+    class BrokenEvent:
+        @property
+        def done(self):
+            raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+    watchdog = Watchdog("t", lambda expired: pytest.fail("no timeout expected"))
+    work = gpu_work("allgather", 60, timeout=30, seq=4)
+    work.done_event = BrokenEvent()
+    watchdog.track(work)
+    with pytest.raises(CommError, match="allgather #4: polling its done event failed: cudaErrorIllegalAddress"):
+        deadline = time.monotonic() + 5
+        while not work._done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        work.synchronize()
+    watchdog.close()
 
 
 def test_gpu_work_reports_an_enqueue_error():

@@ -14,9 +14,12 @@ testable on a machine without a GPU.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Callable, List, Optional
+
+from ..errors import CommError
 
 __all__ = ["Watchdog"]
 
@@ -83,7 +86,17 @@ class Watchdog:
         for work in works:
             if work.is_completed():       # failed elsewhere (enqueue error) or synchronize() saw it
                 finished.append(work)
-            elif work.done_probe():
+                continue
+            try:
+                done = work.done_probe()
+            except Exception as exc:  # a CUDA error (sticky, e.g. an illegal address) surfaces here
+                if sys.is_finalizing():
+                    return finished, None
+                work._complete(CommError(f"{work.collective} #{work.seq}: polling its done event "
+                                         f"failed: {exc}"))
+                finished.append(work)
+                continue
+            if done:
                 work._complete(None)
                 finished.append(work)
             elif now >= work.deadline and expired is None:
