@@ -12,7 +12,8 @@ allgather (list, into-tensor, coalesced), reduce_scatter (list, tensor), barrier
 
 The backend needs MPI ranks: launch under ``mpiexec``. ``dist.init_process_group("commlib",
 rank=, world_size=, store=)`` works too, but rank and world_size must equal MPI's (checked).
-Timeouts are commlib's (``COMMLIB_TIMEOUT``), not the ``timeout=`` given to torch.
+A group's timeout is the shorter of torch's ``timeout=`` and commlib's (``COMMLIB_TIMEOUT``,
+300 s); the default group reuses ``commlib.init()``'s world group if it exists already.
 
 Ordering: all collectives of a group get one global issue order (commlib's executor), whatever
 thread issues them (the caller's thread, DDP's autograd thread, a comm hook's callback). The
@@ -33,6 +34,7 @@ of collectives issued *from* the completion thread are completed on the communic
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import threading
@@ -69,6 +71,7 @@ _OPS = {
 _SUM_VALUE = int(_RED.SUM.value)
 # Indexed by int(RedOpType): a tuple index is cheaper than hashing a pybind enum.
 _PLAIN_OPS = tuple(_OPS.get(value, (None, None))[0] for value in range(max(_OPS) + 2))
+_CACHE_BYTES = 64 << 10
 _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
                            torch.int32, torch.int64, torch.uint8})
 
@@ -108,6 +111,13 @@ class _Completer:
 
 def _deliver(future: Future, work, finish, result) -> None:
     error = work.exception()
+    if error is None and work.__class__ is not commlib.Work:
+        # A GPU work completes when enqueued; a torch future has no stream semantics here, so
+        # its waiters must see the data: block this (completion) thread until the GPU is done.
+        try:
+            work.synchronize()
+        except Exception as exc:  # noqa: BLE001 - handed to the waiter
+            error = exc
     if error is None and finish is not None:
         try:
             finish()
@@ -119,15 +129,39 @@ def _deliver(future: Future, work, finish, result) -> None:
         future.set_exception(error)
 
 
+class _TorchStreamRef:
+    """The ``__cuda_stream__`` protocol over a torch stream (what CuPy's ``from_external`` takes)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __cuda_stream__(self):
+        return (0, self._stream.cuda_stream)
+
+
+@contextlib.contextmanager
+def _on_torch_stream(device: torch.device):
+    """CuPy's current device and stream := torch's, for this thread (untested: no GPU here)."""
+    import cupy
+
+    stream = torch.cuda.current_stream(device)
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    cupy_stream = (from_external(_TorchStreamRef(stream)) if from_external is not None
+                   else cupy.cuda.ExternalStream(stream.cuda_stream, stream.device.index))
+    with cupy.cuda.Device(stream.device.index), cupy_stream:
+        yield
+
+
 class _Staged:
     """An array view of a tensor; for a non-contiguous or bool tensor, a copy that is copied back."""
 
-    __slots__ = ("tensor", "array", "copy")
+    __slots__ = ("tensor", "array", "copy", "cuda_device")
 
     def __init__(self, tensor: torch.Tensor, what: str):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"commlib backend: {what} must be a torch.Tensor, got {type(tensor).__name__}")
         self.tensor = tensor
+        self.cuda_device = tensor.device if tensor.is_cuda else None
         self.copy = None if tensor.is_contiguous() else tensor.contiguous()
         source = tensor if self.copy is None else self.copy
         if source.dtype == torch.bool:  # numpy's bool is no MPI type; same bytes as uint8
@@ -172,6 +206,8 @@ class CommlibProcessGroup(dist.ProcessGroup):
         self.commlib_group = group
         self._completer = _Completer(f"commlib-torch-completion-{group.name}")
         self._done = _done_work()
+        # The hot path's cached numpy view (holds at most one small tensor alive).
+        self._last = (None, 0, None, np.empty(0))
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -183,8 +219,16 @@ class CommlibProcessGroup(dist.ProcessGroup):
         return f"<CommlibProcessGroup rank {self.commlib_group.rank} of {self.commlib_group.size} over {self.commlib_group!r}>"
 
     # -- completion ----------------------------------------------------------------------------
-    def _finish(self, opts, issue, result, finish=None):
-        """Run ``issue(async_op)`` (a commlib call); return a torch Work completed after it."""
+    def _finish(self, opts, issue, result, finish=None, device=None):
+        """Run ``issue(async_op)`` (a commlib call); return a torch Work completed after it.
+
+        ``device``: the CUDA device of the tensors (None on CPU); the call is then issued with
+        torch's current stream made CuPy's current stream, which commlib's GPU backend orders
+        its comm stream after (and, for a sync call, makes wait for the result).
+        """
+        if device is not None:
+            with _on_torch_stream(device):
+                return self._finish(opts, issue, result, finish)
         if opts is not None and not opts.asyncOp:
             issue(False)
             if finish is not None:
@@ -209,7 +253,18 @@ class CommlibProcessGroup(dist.ProcessGroup):
             op = _PLAIN_OPS[int(opts.reduceOp.op)]
             if (op is not None and tensor.dtype in _NUMPY_DTYPES and not tensor.requires_grad
                     and not tensor.is_cuda and tensor.is_contiguous()):
-                self.commlib_group.allreduce(tensor.numpy(), op)
+                # Tensor.numpy() costs ~1.5 us: reuse the view while it is the same tensor over
+                # the same memory (a reshaped or resized tensor with the same pointer and size
+                # is the same flat buffer to an allreduce).
+                last = self._last  # one tuple, replaced whole: safe if two threads race here
+                if (tensor is last[0] and tensor.data_ptr() == last[1] and tensor.dtype is last[2]
+                        and tensor.numel() == last[3].size):
+                    array = last[3]
+                else:
+                    array = tensor.numpy()
+                    if array.nbytes <= _CACHE_BYTES:
+                        self._last = (tensor, tensor.data_ptr(), tensor.dtype, array)
+                self.commlib_group.allreduce(array, op)
                 return self._done
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
@@ -256,7 +311,7 @@ class CommlibProcessGroup(dist.ProcessGroup):
         if copy_back is not None:
             finishers.append(copy_back)
         return self._finish(opts or _ASYNC, issue, [s.tensor for s in staged],
-                            _chain(finishers))
+                            _chain(finishers), staged[0].cuda_device if staged else None)
 
     # -- one-to-all and all-to-one -------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
@@ -266,7 +321,7 @@ class CommlibProcessGroup(dist.ProcessGroup):
         group = self.commlib_group
         return self._finish(opts or _ASYNC,
                             lambda async_op: group.broadcast(staged.array, root, async_op=async_op),
-                            [tensor], _copy_back_all([staged]))
+                            [tensor], _copy_back_all([staged]), staged.cuda_device)
 
     def reduce(self, tensors, opts=None):
         tensor = _single(tensors, "reduce")
@@ -279,7 +334,7 @@ class CommlibProcessGroup(dist.ProcessGroup):
         group = self.commlib_group
         return self._finish(opts or _ASYNC,
                             lambda async_op: group.reduce(staged.array, root, op, async_op=async_op),
-                            [tensor], _copy_back_all([staged]))
+                            [tensor], _copy_back_all([staged]), staged.cuda_device)
 
     def barrier(self, opts=None):
         group = self.commlib_group
@@ -300,14 +355,14 @@ class CommlibProcessGroup(dist.ProcessGroup):
 
         return self._finish(opts or _ASYNC,
                             lambda async_op: group.allgather(flat_staged.array, inp.array, async_op=async_op),
-                            [outputs], finish)
+                            [outputs], finish, inp.cuda_device)
 
     def all_gather_single(self, output, input, opts=None):
         out, inp = _Staged(output, "all_gather output"), _Staged(input, "all_gather input")
         group = self.commlib_group
         return self._finish(opts or _ASYNC,
                             lambda async_op: group.allgather(out.array, inp.array, async_op=async_op),
-                            [output], _copy_back_all([out]))
+                            [output], _copy_back_all([out]), out.cuda_device)
 
     _allgather_base = all_gather_single
 
@@ -336,7 +391,7 @@ class CommlibProcessGroup(dist.ProcessGroup):
         group = self.commlib_group
         return self._finish(opts or _ASYNC,
                             lambda async_op: group.reduce_scatter(out.array, inp.array, op, async_op=async_op),
-                            [output], _copy_back_all([out]))
+                            [output], _copy_back_all([out]), out.cuda_device)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -409,7 +464,12 @@ def commlib_group_of(group=None) -> "commlib.ProcessGroup":
 
 # -- creation and registration -------------------------------------------------------------------
 def _create_process_group(options, _backend_options=None) -> CommlibProcessGroup:
-    world = commlib.init()
+    # torch always passes a timeout (30 min unless given): a shorter one is honoured, a longer one
+    # is capped by commlib's (COMMLIB_TIMEOUT), which a group that already exists keeps anyway.
+    requested = options.timeout.total_seconds() if options.timeout else None
+    config_timeout = commlib.load_config().timeout
+    timeout = min(requested, config_timeout) if requested and requested > 0 else config_timeout
+    world = commlib.init(timeout=timeout)
     members = list(options.global_ranks_in_group)
     rank, size = options.group_rank, options.group_size
     if not members:  # the default group: torch's ranks must be MPI's
@@ -425,7 +485,7 @@ def _create_process_group(options, _backend_options=None) -> CommlibProcessGroup
     else:  # only members get here (torch skips the others): a group-collective create
         sub = world.comm.Create_group(world.comm.group.Incl(members), tag=17)
     name = f"torch-{'-'.join(map(str, members))}"
-    return CommlibProcessGroup(commlib.ProcessGroup(sub, timeout=world.timeout, config=world.config,
+    return CommlibProcessGroup(commlib.ProcessGroup(sub, timeout=timeout, config=world.config,
                                                     debug=world.debug, name=name,
                                                     segment_bytes=world.segment_bytes))
 

@@ -91,6 +91,16 @@ def check_allreduce(checker, rank, size):
     view = base.t()
     dist.all_reduce(view)
     checker.equal(base.numpy(), (np.arange(12).reshape(3, 4) * size + sum(range(size))), "all_reduce transposed")
+    # The sync path caches the numpy view of the last tensor: swapping its storage or its
+    # dtype under the same Python object must not reuse a stale view.
+    reused = torch.ones(4)
+    dist.all_reduce(reused)
+    reused.set_(torch.full((6,), 2.0))
+    dist.all_reduce(reused)
+    checker.equal(reused.numpy(), np.full(6, 2.0 * size), "all_reduce after set_ to new storage")
+    reused.data = torch.full((6,), 3, dtype=torch.int32)
+    dist.all_reduce(reused)
+    checker.equal(reused.numpy(), np.full(6, 3 * size), "all_reduce after a dtype change")
     empty = torch.empty(0)
     dist.all_reduce(empty)
     checker.check(empty.numel() == 0, "all_reduce of an empty tensor")
