@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from ..errors import CommError
 from ..work import Work
 
 __all__ = ["GpuWork"]
@@ -46,8 +47,15 @@ class GpuWork(Work):
             self._complete(error)
 
     def done_probe(self) -> bool:
+        """Has the done event fired? A CUDA error while asking fails the work (and counts as done)."""
         event = self.done_event
-        return event is not None and event.done
+        if event is None:
+            return False
+        try:
+            return event.done
+        except Exception as exc:  # sticky CUDA errors (illegal address ...) surface on any query
+            self._complete(CommError(f"{self.collective} #{self.seq}: polling its done event failed: {exc}"))
+            return True
 
     # -- user side ------------------------------------------------------------------------------
     def _wait_enqueued(self, timeout: Optional[float]) -> None:
