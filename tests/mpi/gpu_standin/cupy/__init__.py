@@ -59,3 +59,4 @@ add = _ufunc("add"); minimum = _ufunc("minimum"); maximum = _ufunc("maximum"); m
 def empty(n, dtype=np.float32): return ndarray(np.empty(n, dtype=dtype))
 def zeros(n, dtype=np.float32): return ndarray(np.zeros(n, dtype=dtype))
 def asarray(a): return ndarray(np.array(a))
+def ones(n, dtype=np.float32): return ndarray(np.ones(n, dtype=dtype))
