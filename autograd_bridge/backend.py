@@ -70,7 +70,7 @@ _OPS = {
 }
 _SUM_VALUE = int(_RED.SUM.value)
 # Indexed by int(RedOpType): a tuple index is cheaper than hashing a pybind enum.
-_PLAIN_OPS = tuple(_OPS.get(value, (None, None))[0] for value in range(max(_OPS) + 2))
+_PLAIN_OPS = tuple(_OPS.get(value, (None, None))[0] for value in range(64))
 _CACHE_BYTES = 64 << 10
 _NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
                            torch.int32, torch.int64, torch.uint8})
@@ -345,7 +345,8 @@ class CommlibProcessGroup(dist.ProcessGroup):
         outputs = _single(output_lists, "allgather") if not isinstance(output_lists[0], torch.Tensor) else output_lists
         inp = _Staged(_single(input_tensors, "allgather"), "allgather input")
         self._check_parts(outputs, inp.tensor, "allgather", "output list")
-        flat = torch.empty((self.size(),) + tuple(inp.tensor.shape), dtype=inp.tensor.dtype)
+        flat = torch.empty((self.size(),) + tuple(inp.tensor.shape), dtype=inp.tensor.dtype,
+                           device=inp.tensor.device)
         flat_staged = _Staged(flat, "allgather staging")
         group = self.commlib_group
 
@@ -447,6 +448,11 @@ def _lookup_op(op_value: int, staged):
         ) from None
     if bitwise is not None:
         for s in staged:
+            if s.cuda_device is not None:
+                raise InvalidUsageError(
+                    f"commlib backend: {_RED(op_value).name} is implemented for CPU tensors only; got "
+                    f"a tensor on {s.tensor.device}"
+                )
             if s.tensor.is_floating_point() or s.tensor.is_complex():
                 raise InvalidUsageError(
                     f"commlib backend: {_RED(op_value).name} needs integer or bool tensors; got {s.tensor.dtype}"
