@@ -212,19 +212,24 @@ def draw_step(trace: dict, step: int, png_path) -> None:
         compute_y = comm_y + 1.1
         yticks += [compute_y + 0.4, comm_y + 0.4]
         ylabels += [f"rank {rank} compute", f"comm ({100 * hidden.get(rank, 0):.0f}% hidden)"]
-        for event in sorted(grouped[rank], key=lambda e: e["name"] == "finalize"):
+        # One communication thread runs a rank's allreduces in launch order: a bucket launched
+        # while the previous one still runs waits for it. Its bar starts when it is served; its
+        # tick in the compute lane shows when it was ready.
+        served_from = 0.0
+        for event in sorted(grouped[rank], key=lambda e: (e["name"] == "finalize", e["ts"])):
             start = (event["ts"] - origin) / 1e3
             name = event["name"]
             if event["ph"] == "X" and name in colors:
                 ax.broken_barh([(start, event["dur"] / 1e3)], (compute_y, 0.8), color=colors[name],
                                alpha=0.55 if name == "finalize" else 0.9, hatch="//" if name == "finalize" else None)
             elif event["ph"] == "X" and name == "allreduce":
-                bucket = event["args"].get("bucket", 0)
-                width = event["dur"] / 1e3
-                ax.broken_barh([(start, width)], (comm_y, 0.8), color=bucket_colors[int(bucket) % 20],
-                               edgecolor="black", linewidth=0.5)
+                bucket, end = event["args"].get("bucket", 0), start + event["dur"] / 1e3
+                color = bucket_colors[int(bucket) % 20]
+                served = min(max(start, served_from), end)
+                served_from = end
+                ax.broken_barh([(served, end - served)], (comm_y, 0.8), color=color, edgecolor="black", linewidth=0.5)
                 kib = event["args"].get("bytes", 0) / 1024
-                ax.text(start + width / 2, comm_y + 0.4, f"b{bucket} {kib:.0f}K\n{event['args'].get('algorithm', '')}",
+                ax.text((served + end) / 2, comm_y + 0.4, f"b{bucket} {kib:.0f}K\n{event['args'].get('algorithm', '')}",
                         ha="center", va="center", fontsize=6)
             elif event["ph"] == "i" and name == "bucket_ready":
                 ax.vlines(start, compute_y, compute_y + 0.8, color="black", linewidth=0.8)
