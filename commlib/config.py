@@ -7,7 +7,8 @@ variable                    meaning                                             
 ``COMMLIB_DEBUG``           ``1``: exchange a fingerprint before every collective      ``0``
 ``COMMLIB_TIMEOUT``         default group timeout in seconds                          ``300``
 ``COMMLIB_SEGMENT_BYTES``   pipeline segment size of ring/tree/rabenseifner            ``1 MiB``
-``COMMLIB_INLINE_BYTES``    sync collectives up to this size skip the comm thread     ``-1`` (all)
+``COMMLIB_GPU_TRANSPORT``   GPU transport: ``nccl``, or ``host_staged`` (ranks may      ``nccl``
+                            share a GPU; bytes go through host memory and MPI)
 ==========================  ========================================================  =========
 
 Tests change behaviour through arguments (``commlib.init(debug=True)``, ``segment_bytes=``),
@@ -55,13 +56,23 @@ def _parse_int(name: str, text: str, minimum: int) -> int:
     return value
 
 
+def _parse_choice(name: str, text: str, choices) -> str:
+    value = text.strip()
+    if value not in choices:
+        raise ValueError(f"{name}={text!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+GPU_TRANSPORTS = ("nccl", "host_staged")
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     algorithm_override: Optional[str] = None
     debug: bool = False
     timeout: float = 300.0
     segment_bytes: int = 1 << 20
-    inline_bytes: int = -1
+    gpu_transport: str = "nccl"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
@@ -74,8 +85,9 @@ class Config:
             values["timeout"] = _parse_positive_float("COMMLIB_TIMEOUT", environ["COMMLIB_TIMEOUT"])
         if "COMMLIB_SEGMENT_BYTES" in environ:
             values["segment_bytes"] = _parse_int("COMMLIB_SEGMENT_BYTES", environ["COMMLIB_SEGMENT_BYTES"], 1)
-        if "COMMLIB_INLINE_BYTES" in environ:
-            values["inline_bytes"] = _parse_int("COMMLIB_INLINE_BYTES", environ["COMMLIB_INLINE_BYTES"], -1)
+        if environ.get("COMMLIB_GPU_TRANSPORT"):
+            values["gpu_transport"] = _parse_choice("COMMLIB_GPU_TRANSPORT", environ["COMMLIB_GPU_TRANSPORT"],
+                                                    GPU_TRANSPORTS)
         return cls(**values)
 
 

@@ -40,7 +40,8 @@ INLINE_SPINS = 2000
 
 class ProcessGroup:
     def __init__(self, comm: MPI.Comm, *, timeout: float, config: Config, debug: bool = False,
-                 name: str = "world", segment_bytes: Optional[int] = None, device=None):
+                 name: str = "world", segment_bytes: Optional[int] = None, device=None,
+                 gpu_transport: Optional[str] = None):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -50,6 +51,7 @@ class ProcessGroup:
         self.debug = bool(debug)
         self.segment_bytes = int(segment_bytes or config.segment_bytes)
         self.device = device
+        self.gpu_transport = gpu_transport or config.gpu_transport
         self.transport = MPITransport(comm)
         self.progress = ProgressBoard(comm) if self.size > 1 else None
         self.transport.progress_board = self.progress
@@ -80,7 +82,7 @@ class ProcessGroup:
             op = ReduceOp.coerce(op)
         flat = check_buffer(buf, "allreduce")
         check_op(op, flat.dtype, "allreduce")
-        name = self._resolve_algorithm(algorithm, flat.nbytes)
+        name = self._resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray)
         fn = _algorithms.get_algorithm(name)
         size, segment_bytes = self.size, self.segment_bytes
         combine = _SUM if op is _AVG else op
@@ -194,7 +196,8 @@ class ProcessGroup:
             return None
         return ProcessGroup(sub, timeout=timeout, config=self.config, debug=self.debug,
                             name=f"{self.name}/{'-'.join(map(str, ranks))}",
-                            segment_bytes=self.segment_bytes, device=self.device)
+                            segment_bytes=self.segment_bytes, device=self.device,
+                            gpu_transport=self.gpu_transport)
 
     def close(self) -> None:
         self.executor.close()
@@ -211,11 +214,13 @@ class ProcessGroup:
         return self._seq
 
     # -- internals -----------------------------------------------------------------------------
-    def _resolve_algorithm(self, algorithm: str, nbytes: int) -> str:
+    def _resolve_algorithm(self, algorithm: str, nbytes: int, on_gpu: bool = False) -> str:
         if algorithm == "auto":
             override = self.config.algorithm_override
             if override:
                 return override
+            if on_gpu:  # NCCL's own allreduce beats a Python schedule over NCCL send/recv
+                return "native"
             return choose_allreduce(nbytes, self.size, _algorithms._REGISTRY)
         if algorithm.__class__ is not str:
             raise InvalidUsageError(f"allreduce: algorithm must be a str, got {algorithm!r}")

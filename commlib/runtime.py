@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Optional
 
-from .config import load_config
+from .config import GPU_TRANSPORTS, load_config
 from .errors import CommTimeoutError, InvalidUsageError
 from .group import ProcessGroup
 from .validation import check_timeout
@@ -19,17 +19,23 @@ _world: Optional[ProcessGroup] = None
 
 
 def init(comm=None, timeout: Optional[float] = None, *, debug: Optional[bool] = None,
-         segment_bytes: Optional[int] = None, abort_on_exception: bool = True) -> ProcessGroup:
+         segment_bytes: Optional[int] = None, device: Optional[int] = None,
+         gpu_transport: Optional[str] = None, abort_on_exception: bool = True) -> ProcessGroup:
     """Create the default group over ``comm`` (default ``MPI.COMM_WORLD``), dup'ed. Idempotent.
 
     ``timeout`` (seconds) bounds every collective of the group; default ``COMMLIB_TIMEOUT`` or
     300. ``debug`` (default ``COMMLIB_DEBUG``) checks before each collective that all ranks call
     the same one with the same arguments. With ``abort_on_exception`` an uncaught exception on
-    one rank aborts the whole MPI job instead of leaving the other ranks blocked.
+    one rank aborts the whole MPI job instead of leaving the other ranks blocked. ``device``
+    picks this rank's GPU (default: rank on the host modulo visible GPUs) and ``gpu_transport``
+    (``"nccl"`` or ``"host_staged"``; default ``COMMLIB_GPU_TRANSPORT`` or nccl) how CuPy arrays move.
     """
     global _world
     config = load_config()
     timeout = check_timeout(config.timeout if timeout is None else timeout, "commlib.init")
+    if gpu_transport is not None and gpu_transport not in GPU_TRANSPORTS:
+        raise InvalidUsageError(f"commlib.init: gpu_transport {gpu_transport!r}: expected one of "
+                                f"{', '.join(GPU_TRANSPORTS)}")
     with _lock:
         if _world is not None:
             return _world
@@ -49,7 +55,8 @@ def init(comm=None, timeout: Optional[float] = None, *, debug: Optional[bool] = 
         dup = _dup_with_deadline(parent, timeout)
         _world = ProcessGroup(dup, timeout=timeout, config=config,
                               debug=config.debug if debug is None else debug, name="world",
-                              segment_bytes=segment_bytes)
+                              segment_bytes=segment_bytes, device=device,
+                              gpu_transport=gpu_transport)
         if abort_on_exception:
             from .abort import install_abort_on_uncaught_exception
 

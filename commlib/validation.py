@@ -54,6 +54,10 @@ def check_same_kind(collective: str, **buffers) -> None:
     dtypes = {name: buf.dtype for name, buf in buffers.items()}
     if len(set(kinds.values())) > 1:
         raise InvalidUsageError(f"{collective}: buffers live on different devices: {kinds}")
+    if "cupy" in kinds.values():
+        devices = {name: buf.device.id for name, buf in buffers.items()}
+        if len(set(devices.values())) > 1:
+            raise InvalidUsageError(f"{collective}: buffers live on different GPUs: {devices}; expected one GPU")
     if len(set(dtypes.values())) > 1:
         shown = ", ".join(f"{name}={dtype}" for name, dtype in dtypes.items())
         raise InvalidUsageError(f"{collective}: buffers must share one dtype, got {shown}")

@@ -22,7 +22,6 @@ call, or ``COMMLIB_GPU_TRANSPORT``.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Optional
@@ -43,12 +42,8 @@ _TYPED_NATIVES = {"reduce", "reduce_scatter"}
 
 
 def configured_transport(group) -> str:
-    """``group.config.gpu_transport`` when the core config has it, else ``COMMLIB_GPU_TRANSPORT``.
-
-    (The env fallback lives here only until ``commlib.config.Config`` grows the field.)
-    """
-    value = getattr(group.config, "gpu_transport", None) or os.environ.get("COMMLIB_GPU_TRANSPORT", "")
-    return value.strip() or "nccl"
+    """The group's GPU transport: ``commlib.init(gpu_transport=...)``, else ``COMMLIB_GPU_TRANSPORT``."""
+    return group.gpu_transport
 
 
 def attach(group, transport: Optional[str] = None, device: Optional[int] = None) -> "GpuBackend":
