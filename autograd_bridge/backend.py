@@ -8,7 +8,12 @@
 ``commlib.ProcessGroup`` (torch calls a Python subclass's methods both from Python and, through
 its pybind trampoline, from C++: DDP's reducer and ``_broadcast_coalesced``). It serves what
 torch's DDP and the public collectives call: allreduce (+coalesced), broadcast, reduce,
-allgather (list, into-tensor, coalesced), reduce_scatter (list, tensor), barrier.
+allgather (list, into-tensor, coalesced), reduce_scatter (list, tensor), barrier, and gather /
+scatter (over allgather / broadcast, so the *_object collectives work). Not served: send/recv,
+alltoall, monitored_barrier. Ops: SUM, AVG (floats), MIN, MAX, PRODUCT; BAND/BOR/BXOR on
+integer and bool CPU tensors (an allgather and a local reduce). Dtypes: every int and float
+type incl. float16/bfloat16, bool (as uint8), complex (as pairs of reals); non-contiguous
+tensors go through a contiguous copy that is copied back.
 
 The backend needs MPI ranks: launch under ``mpiexec``. ``dist.init_process_group("commlib",
 rank=, world_size=, store=)`` works too, but rank and world_size must equal MPI's (checked).
@@ -402,6 +407,35 @@ class CommlibProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    # gather and scatter ride on allgather and broadcast: P times the bytes of a rooted
+    # algorithm, but the same collective on every rank (no root-dependent code paths), and
+    # gather_object / scatter_object_list are small.
+    def gather(self, output_lists, input_tensors, opts=None):
+        root = 0 if opts is None else opts.rootRank
+        tensor = _single(input_tensors, "gather")
+        outputs = output_lists[0] if output_lists else None
+        if self.rank() == root:
+            self._check_parts(outputs, tensor, "gather", "gather_list")
+        flat = torch.empty((self.size(),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
+        work = self.all_gather_single(flat, tensor.contiguous(), _SYNC)
+        work.wait()
+        if outputs:
+            for index, out in enumerate(outputs):
+                out.copy_(flat[index])
+        return self._done
+
+    def scatter(self, output_tensors, input_lists, opts=None):
+        root = 0 if opts is None else opts.rootRank
+        output = _single(output_tensors, "scatter")
+        flat = torch.empty((self.size(),) + tuple(output.shape), dtype=output.dtype, device=output.device)
+        if self.rank() == root:
+            parts = input_lists[0]
+            self._check_parts(parts, output, "scatter", "scatter_list")
+            torch.stack([p.detach() for p in parts], out=flat)
+        self.broadcast([flat], _sync_broadcast(root)).wait()
+        output.copy_(flat[self.rank()])
+        return self._done
+
     def _check_parts(self, parts, like: torch.Tensor, collective: str, what: str) -> None:
         if len(parts) != self.size():
             raise InvalidUsageError(f"commlib backend: {collective}: {what} has {len(parts)} tensors; expected world size {self.size()}")
@@ -423,6 +457,20 @@ class _AsyncOptions:
 
 
 _ASYNC = _AsyncOptions()
+
+
+class _SyncOptions:
+    asyncOp = False
+    rootRank = 0
+
+
+_SYNC = _SyncOptions()
+
+
+def _sync_broadcast(root: int) -> _SyncOptions:
+    options = _SyncOptions()
+    options.rootRank = root
+    return options
 
 
 def _chain(finishers):

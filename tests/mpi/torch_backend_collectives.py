@@ -141,6 +141,21 @@ def check_others(checker, rank, size):
         run_async(async_op, lambda a: dist.reduce_scatter(out, parts, async_op=a))
         checker.equal(out.numpy(), np.full(2, float(sum(r * 100 + rank for r in range(size)))), f"reduce_scatter list async_op={async_op}")
         run_async(async_op, lambda a: dist.barrier(async_op=a))
+    for root in range(size):
+        gathered = [torch.full((2,), -1.0) for _ in range(size)] if rank == root else None
+        dist.gather(torch.full((2,), rank * 3.0), gathered, dst=root)
+        if rank == root:
+            checker.equal(torch.stack(gathered).numpy(), np.repeat(np.arange(size) * 3.0, 2).reshape(size, 2), f"gather to {root}")
+        out = torch.zeros(3, dtype=torch.int64)
+        parts = [torch.full((3,), 100 * root + r, dtype=torch.int64) for r in range(size)] if rank == root else None
+        dist.scatter(out, parts, src=root)
+        checker.equal(out.numpy(), np.full(3, 100 * root + rank), f"scatter from {root}")
+    objects = [None] * size
+    dist.all_gather_object(objects, {"rank": rank, "text": "x" * rank})
+    checker.check(objects == [{"rank": r, "text": "x" * r} for r in range(size)], f"all_gather_object gave {objects}")
+    box = [{"from": rank}]
+    dist.broadcast_object_list(box, src=size - 1)
+    checker.check(box == [{"from": size - 1}], f"broadcast_object_list gave {box}")
     checker.check(True, "barrier returned")
 
 
