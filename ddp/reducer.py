@@ -27,6 +27,7 @@ import torch
 
 from autograd_bridge import hooks as autograd_hooks
 from autograd_bridge.tensors import from_array, to_array
+from commlib import ReduceOp
 
 from .bucketing import BucketPlan, ParamSpec, plan_buckets
 from .hooks import GradBucket, allreduce_hook
@@ -39,6 +40,18 @@ __all__ = ["Reducer", "param_specs"]
 def param_specs(params: Sequence[torch.Tensor]) -> List[ParamSpec]:
     return [ParamSpec(p.numel(), p.element_size(), str(p.dtype).replace("torch.", ""), str(p.device))
             for p in params]
+
+
+def _wait_for_result(work):
+    """The reduced buffer of a hook's handle: a commlib ``Work``/``HookWork`` (``result()``) or a
+    ``torch.futures.Future`` (``wait()`` returns the value; torch-style hooks return ``[tensor]``)."""
+    if hasattr(work, "result"):
+        result = work.result()
+    else:
+        result = work.wait()
+    if isinstance(result, (list, tuple)) and len(result) == 1:
+        result = result[0]
+    return result
 
 
 class _Bucket:
@@ -205,9 +218,19 @@ class Reducer:
                                      bucket.index == len(buckets) - 1, self.group, self.algorithm)
             bucket.launched_at = time.perf_counter()
             with on_torch_stream(bucket.flat.device):
-                bucket.work = self.comm_hook(self.comm_hook_state, grad_bucket)
+                if self._sum_then_divide_on_write_back():
+                    # The default hook's average, with the division folded into the copy back
+                    # to .grad: one pass over the gradients less than SUM-then-divide-then-copy.
+                    bucket.work = self.group.allreduce(bucket.array, ReduceOp.SUM, algorithm=self.algorithm,
+                                                       async_op=True)
+                else:
+                    bucket.work = self.comm_hook(self.comm_hook_state, grad_bucket)
             self._next_launch += 1  # only once launched: a hook that raised leaves nothing to wait for
             bucket.work.add_done_callback(bucket.record_done)
+
+    def _sum_then_divide_on_write_back(self) -> bool:
+        return (self.comm_hook is allreduce_hook and self.comm_hook_state is None
+                and not self.gradient_as_bucket_view and self.group.size > 1)
 
     # -- the end of backward ---------------------------------------------------------------------
     def _finalize(self) -> None:
@@ -234,7 +257,7 @@ class Reducer:
         for bucket in self.buckets[:self._next_launch]:
             try:
                 with on_torch_stream(bucket.flat.device):
-                    result = bucket.work.result()
+                    result = _wait_for_result(bucket.work)
                 self._copy_result(bucket, result)
             except Exception as exc:  # noqa: BLE001 - the first one is re-raised by the caller
                 if error is None:
@@ -265,10 +288,13 @@ class Reducer:
 
     def _write_back(self) -> None:
         globally_used = None
-        if self.find_unused_parameters and self._unused:
+        if self.find_unused_parameters:
             # A parameter nobody used keeps its .grad (None stays None), as on a single process.
+            # Every rank takes part even when it used everything: which parameters a rank used
+            # may depend on its data.
             globally_used = self._local_used.copy()
             self.group.allreduce(globally_used)
+        divisor = self.group.size if self._sum_then_divide_on_write_back() else None
         for index in self._trainable:
             if globally_used is not None and not globally_used[index]:
                 continue
@@ -277,6 +303,11 @@ class Reducer:
             if self.gradient_as_bucket_view:
                 if param.grad is None or param.grad.data_ptr() != view.data_ptr():
                     param.grad = view
+            elif divisor is not None:
+                if param.grad is None:
+                    param.grad = torch.div(view, divisor)
+                else:
+                    torch.div(view, divisor, out=param.grad)
             elif param.grad is None:
                 param.grad = view.clone()
             else:

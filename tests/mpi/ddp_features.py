@@ -61,6 +61,16 @@ def check_comm_hooks(checker, group):
         copy = bucket.array().copy()
         return group.allreduce(copy, ReduceOp.SUM, async_op=True)
 
+    def torch_future_hook(state, bucket):
+        """torch's hook style: a torch.futures.Future whose value is [reduced tensor]."""
+        future = torch.futures.Future()
+        work = group.allreduce(bucket.array(), ReduceOp.AVG, async_op=True)
+        work.add_done_callback(lambda w: future.set_result([bucket.buffer()]) if w.is_success()
+                               else future.set_exception(w.exception()))
+        return future
+
+    for got, want in zip(grads_after_one_step(group, torch_future_hook), expected):
+        checker.close(got, want, "torch-future hook grads", rtol=1e-5, atol=1e-6)
     for got, want in zip(grads_after_one_step(group, sum_into_copy, calls), expected):
         checker.close(got, want * group.size, "user SUM hook grads", rtol=1e-5, atol=1e-6)
     checker.check(calls == sorted(calls) and calls[0] == 0 and len(calls) >= 2,
@@ -146,6 +156,41 @@ def check_algorithms(checker, group):
             checker.close(got, want, f"algorithm={algorithm}: grads", rtol=1e-5, atol=1e-6)
 
 
+class RankBranch(torch.nn.Module):
+    """`branch` takes part on rank 0 only: locally unused elsewhere, globally used."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Linear(10, 6)
+        self.branch = torch.nn.Linear(6, 3)
+        self.head = torch.nn.Linear(6, 3)
+        self.never = torch.nn.Linear(6, 3)
+
+    def forward(self, x, use_branch):
+        h = torch.tanh(self.body(x))
+        return self.head(h) + self.branch(h) if use_branch else self.head(h)
+
+
+def check_data_dependent_unused(checker, group):
+    for as_view in (False, True):
+        model = DDP(RankBranch(), find_unused_parameters=True, gradient_as_bucket_view=as_view,
+                    bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
+        for step in range(3):  # the buckets are rebuilt after step 0
+            model.zero_grad()
+            x, y = rank_batch(group.rank)
+            F.mse_loss(model(x, group.rank == 0), y).backward()
+        reference = RankBranch()
+        for rank in range(group.size):
+            x, y = rank_batch(rank)
+            (F.mse_loss(reference(x, rank == 0), y) / group.size).backward()
+        for (name, got), want in zip(model.module.named_parameters(), reference.parameters()):
+            if want.grad is None:
+                checker.check(got.grad is None, f"as_view={as_view}: {name} used by no rank has a grad")
+            else:
+                checker.close(got.grad, want.grad, f"as_view={as_view}: grad of {name} (used on rank 0 only)")
+
+
 def main():
     group = commlib.init()
     checker = Checker()
@@ -153,6 +198,7 @@ def main():
     check_broadcast_buffers(checker, group)
     check_rebuild_and_tracing(checker, group)
     check_algorithms(checker, group)
+    check_data_dependent_unused(checker, group)
     checker.finish()
 
 
