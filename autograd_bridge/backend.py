@@ -49,7 +49,7 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllreduceOptions, _create_work_from_future
+from torch._C._distributed_c10d import AllreduceOptions
 from torch.futures import Future
 
 import commlib
@@ -86,10 +86,47 @@ def _op_value(op) -> int:
     return int(op.op) if isinstance(op, dist.ReduceOp) else int(op)
 
 
+class _FutureWork(dist._Work):
+    """A torch Work over a torch Future (completed by the backend).
+
+    Not ``_create_work_from_future``: its ``wait()`` returns True even when the future holds an
+    error, and an async collective that failed would look like a success.
+    """
+
+    def __init__(self, future: Future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout=None) -> bool:
+        self._future.wait()  # re-raises the collective's error
+        return True
+
+    def get_future(self) -> Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:  # noqa: BLE001 - the answer is "no"
+            return False
+        return True
+
+    def result(self):
+        return self._future.wait()
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
 def _done_work():
     future = Future()
     future.set_result([])
-    return _create_work_from_future(future)
+    return _FutureWork(future)
 
 
 class _Completer:
@@ -246,7 +283,7 @@ class CommlibProcessGroup(dist.ProcessGroup):
         else:
             put = self._completer.put
             work.add_done_callback(lambda w: put((future, w, finish, result)))
-        return _create_work_from_future(future)
+        return _FutureWork(future)
 
     # -- allreduce -----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):

@@ -179,6 +179,26 @@ def check_subgroup_and_errors(checker, rank, size):
     checker.equal(t.numpy(), np.array([float(size)]), "all_reduce after usage errors")
 
 
+def check_async_failure(checker, rank, size):
+    """An error on the communication thread reaches the caller through the torch Work."""
+    from datetime import timedelta
+
+    from mpi4py import MPI
+
+    sub = dist.new_group(backend="commlib", timeout=timedelta(seconds=1))
+    t = torch.ones(4)
+    if rank == 0:  # alone: the others join only after rank 0 gave up
+        work = dist.all_reduce(t, group=sub, async_op=True)
+        error = checker.raises(Exception, work.wait, "wait on an allreduce no peer joined", match="timed out")
+        checker.check(error is None or "allreduce" in str(error), f"error does not name the collective: {error}")
+        checker.raises(Exception, lambda: dist.all_reduce(t, group=sub), "the group after a failure",
+                       match="earlier")
+    MPI.COMM_WORLD.Barrier()
+    if rank != 0:  # match rank 0's abandoned MPI request, so no collective is left pending
+        dist.all_reduce(t, group=sub)
+    MPI.COMM_WORLD.Barrier()
+
+
 def main():
     from mpi4py import MPI
 
@@ -197,6 +217,8 @@ def main():
     check_allreduce(checker, rank, size)
     check_others(checker, rank, size)
     check_subgroup_and_errors(checker, rank, size)
+    if size > 1:
+        check_async_failure(checker, rank, size)
     dist.destroy_process_group()
     checker.finish()
 
