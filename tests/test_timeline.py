@@ -26,13 +26,22 @@ def steps_per_epoch(ranks):
     return math.ceil(math.ceil(TRAIN_SAMPLES / ranks) / BATCH)  # the sampler pads to a multiple of ranks
 
 
+_TRACES = {}
+
+
+def traced(ranks, tmp_path_factory):
+    """The trace of one training epoch on ``ranks`` ranks (run once per module)."""
+    if ranks not in _TRACES:
+        path = tmp_path_factory.mktemp(f"trace{ranks}") / "trace.json"
+        run_mpi(ROOT / "mpi_examples" / "train_digits.py", ranks, "--epochs", "1", "--no-progress",
+                "--batch-size", str(BATCH), "--trace", str(path), timeout=150)
+        _TRACES[ranks] = path
+    return ranks, _TRACES[ranks]
+
+
 @pytest.fixture(scope="module", params=(2, 3))
 def traced_run(request, tmp_path_factory):
-    ranks = request.param
-    path = tmp_path_factory.mktemp(f"trace{ranks}") / "trace.json"
-    run_mpi(ROOT / "mpi_examples" / "train_digits.py", ranks, "--epochs", "1", "--no-progress",
-            "--batch-size", str(BATCH), "--trace", str(path), timeout=150)
-    return ranks, path
+    return traced(request.param, tmp_path_factory)
 
 
 @pytest.mark.mpi
@@ -83,8 +92,17 @@ def test_trace_is_trace_event_format_with_every_bucket_on_every_rank(traced_run)
 
 
 @pytest.mark.mpi
-def test_timeline_prints_figures_and_writes_the_png(traced_run, tmp_path):
+def test_timeline_figures(traced_run):
     ranks, trace_path = traced_run
+    stats = timeline.step_stats(timeline.load_trace(trace_path))
+    assert len(stats) == ranks * steps_per_epoch(ranks)
+    assert all(s.comm_us > 0 and s.buckets >= 3 and 0.0 <= s.hidden_fraction <= 1.0 for s in stats)
+    assert all(s.hidden_us <= s.comm_us and s.busy_us <= s.duration_us for s in stats)
+
+
+@pytest.mark.mpi
+def test_timeline_cli_prints_figures_and_writes_the_png(tmp_path_factory, tmp_path):
+    _, trace_path = traced(2, tmp_path_factory)
     png = tmp_path / "overlap.png"
     result = subprocess.run([sys.executable, "-m", "ddp.timeline", str(trace_path), "--png", str(png)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -92,9 +110,6 @@ def test_timeline_prints_figures_and_writes_the_png(traced_run, tmp_path):
     assert "communication hidden behind computation:" in result.stdout
     assert "slowest rank: rank" in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    stats = timeline.step_stats(timeline.load_trace(trace_path))
-    assert len(stats) == ranks * steps_per_epoch(ranks) and all(0.0 <= s.hidden_fraction <= 1.0 for s in stats)
-    assert all(s.comm_us > 0 and s.buckets >= 3 for s in stats)
 
 
 def test_interval_arithmetic():
