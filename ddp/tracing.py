@@ -40,7 +40,12 @@ ALIGN_TIMEOUT_S = 60.0
 
 
 class Tracer:
-    """Collects events on this rank; ``write`` merges all ranks into one trace (collective)."""
+    """Collects events on this rank; ``write`` merges all ranks into one trace (collective).
+
+    Construction is collective over ``process_group`` (it duplicates the group's communicator):
+    create it on every rank while none of the group's asynchronous collectives is in flight,
+    e.g. before wrapping the model in DDP.
+    """
 
     def __init__(self, process_group=None, *, rounds: int = PING_ROUNDS):
         if process_group is None:
