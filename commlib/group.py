@@ -82,7 +82,7 @@ class ProcessGroup:
             op = ReduceOp.coerce(op)
         flat = check_buffer(buf, "allreduce")
         check_op(op, flat.dtype, "allreduce")
-        name = self._resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray)
+        name = self.resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray)
         fn = _algorithms.get_algorithm(name)
         size, segment_bytes = self.size, self.segment_bytes
         combine = _SUM if op is _AVG else op
@@ -213,8 +213,8 @@ class ProcessGroup:
         """How many collectives this group has issued."""
         return self._seq
 
-    # -- internals -----------------------------------------------------------------------------
-    def _resolve_algorithm(self, algorithm: str, nbytes: int, on_gpu: bool = False) -> str:
+    def resolve_algorithm(self, algorithm: str, nbytes: int, on_gpu: bool = False) -> str:
+        """The allreduce algorithm a call with ``algorithm`` and ``nbytes`` runs (resolves "auto")."""
         if algorithm == "auto":
             override = self.config.algorithm_override
             if override:
@@ -226,6 +226,7 @@ class ProcessGroup:
             raise InvalidUsageError(f"allreduce: algorithm must be a str, got {algorithm!r}")
         return algorithm
 
+    # -- internals -----------------------------------------------------------------------------
     def _issue(self, collective: str, run, nbytes: int, async_op: bool, result, algorithm: str,
                fingerprint, kind_of=None):
         if kind_of is not None and array_kind(kind_of) == "cupy":
