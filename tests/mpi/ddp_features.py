@@ -146,6 +146,16 @@ def check_rebuild_and_tracing(checker, group):
                   f"step stats {stats}")
 
 
+def check_module_and_state_dict(checker, group):
+    net = mlp()
+    model = DDP(net)
+    checker.check(model.module is net, "model.module is not the wrapped module")
+    expected = ["module." + key for key in net.state_dict()]
+    checker.check(list(model.state_dict()) == expected,
+                  f"state_dict keys {list(model.state_dict())}, expected torch DDP's {expected}")
+    model.load_state_dict(model.state_dict())
+
+
 def check_algorithms(checker, group):
     expected = expected_average_grads(group.size)
     for algorithm in commlib.algorithms():
@@ -199,6 +209,7 @@ def main():
     check_rebuild_and_tracing(checker, group)
     check_algorithms(checker, group)
     check_data_dependent_unused(checker, group)
+    check_module_and_state_dict(checker, group)
     checker.finish()
 
 
