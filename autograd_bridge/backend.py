@@ -25,7 +25,8 @@ thread issues them (the caller's thread, DDP's autograd thread, a comm hook's ca
 order is identical on every rank only if every rank *issues* in the same order. torch's DDP
 launches its buckets in a fixed order; a hook that issues more collectives from a completion
 callback while the next bucket is being launched (PowerSGD with several buckets in flight) races
-with the autograd thread on CPU backends (gloo too); with one bucket it is deterministic.
+with the autograd thread (gloo assigns its tags at issue time too, so it should share the
+problem; not verified); with one bucket in flight it is deterministic (tested).
 
 Completion: a sync call (``opts.asyncOp`` False, as ``dist.all_reduce(t)`` passes) runs through
 commlib's synchronous path (inline when the line is empty: the small-allreduce fast path) and
@@ -571,6 +572,14 @@ def _create_process_group(options, _backend_options=None) -> CommlibProcessGroup
                 f"world_size={size}; expected the same numbers"
             )
         return CommlibProcessGroup(world)
+    # A subgroup's members are torch's global ranks, taken as MPI's: check that they agree.
+    global_rank = dist.get_rank() if dist.is_initialized() else world.rank
+    if global_rank != world.rank or members[rank] != world.rank:
+        raise InvalidUsageError(
+            f"the {BACKEND_NAME!r} backend takes its ranks from MPI: this process is MPI rank "
+            f"{world.rank}, but torch's global rank is {global_rank} and the new group places it "
+            f"at rank {rank} of {members}; expected torch's ranks to be MPI's (launch under mpiexec)"
+        )
     if members == list(range(world.size)):
         sub = world.comm.Dup()
     else:  # only members get here (torch skips the others): a group-collective create
