@@ -23,11 +23,14 @@ and PRODUCT are not linear and are refused (use ``torch.distributed`` for them).
 
 ``group``: a ``commlib.ProcessGroup``, a torch process group of the "commlib" backend, or None:
 the default torch group if it is a "commlib" one, else ``commlib.init()``'s world group.
-Every rank must call the same collectives in the same order, backward included: autograd runs
+CUDA tensors go to commlib's GPU path, ordered after torch's current stream (not run here: no
+GPU in this environment). Every rank must call the same collectives in the same order, backward included: autograd runs
 the backward of a graph in a deterministic order, so the same graph on every rank is enough.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -78,6 +81,15 @@ def _dim0_chunks(x: torch.Tensor, size: int, collective: str) -> None:
         )
 
 
+def _on_stream_of(x: torch.Tensor):
+    """CUDA: run the collective ordered after torch's current stream (see backend.py); CPU: nothing."""
+    if not x.is_cuda:
+        return contextlib.nullcontext()
+    from .backend import _on_torch_stream
+
+    return _on_torch_stream(x.device)
+
+
 def _fresh(x: torch.Tensor) -> torch.Tensor:
     """A contiguous copy that the collective may overwrite (the collectives are out-of-place)."""
     return x.detach().clone(memory_format=torch.contiguous_format)
@@ -88,7 +100,8 @@ class _AllReduce(torch.autograd.Function):
     def forward(ctx, x, op, group):
         ctx.op, ctx.group = op, group
         out = _fresh(x)
-        group.allreduce(to_array(out), op)
+        with _on_stream_of(out):
+            group.allreduce(to_array(out), op)
         return out
 
     @staticmethod
@@ -103,7 +116,8 @@ class _AllGather(torch.autograd.Function):
         inp = x.detach().contiguous()
         out = torch.empty((group.size * inp.shape[0],) + tuple(inp.shape[1:]), dtype=inp.dtype,
                           device=inp.device)
-        group.allgather(to_array(out), to_array(inp))
+        with _on_stream_of(out):
+            group.allgather(to_array(out), to_array(inp))
         return out
 
     @staticmethod
@@ -118,7 +132,8 @@ class _ReduceScatter(torch.autograd.Function):
         inp = x.detach().contiguous()
         out = torch.empty((inp.shape[0] // group.size,) + tuple(inp.shape[1:]), dtype=inp.dtype,
                           device=inp.device)
-        group.reduce_scatter(to_array(out), to_array(inp), op)
+        with _on_stream_of(out):
+            group.reduce_scatter(to_array(out), to_array(inp), op)
         return out
 
     @staticmethod
@@ -134,7 +149,8 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx, x, src, group):
         ctx.src, ctx.group = src, group
         out = _fresh(x)
-        group.broadcast(to_array(out), src)
+        with _on_stream_of(out):
+            group.broadcast(to_array(out), src)
         return out
 
     @staticmethod
@@ -147,7 +163,8 @@ class _Reduce(torch.autograd.Function):
     def forward(ctx, x, dst, group):
         ctx.dst, ctx.group = dst, group
         out = _fresh(x)
-        group.reduce(to_array(out), dst, ReduceOp.SUM)
+        with _on_stream_of(out):
+            group.reduce(to_array(out), dst, ReduceOp.SUM)
         if group.rank != dst:
             out.zero_()  # what MPI leaves in a non-root buffer is unspecified; the map says 0
         return out
