@@ -24,8 +24,9 @@ and PRODUCT are not linear and are refused (use ``torch.distributed`` for them).
 ``group``: a ``commlib.ProcessGroup``, a torch process group of the "commlib" backend, or None:
 the default torch group if it is a "commlib" one, else ``commlib.init()``'s world group.
 CUDA tensors go to commlib's GPU path, ordered after torch's current stream (not run here: no
-GPU in this environment). Every rank must call the same collectives in the same order, backward included: autograd runs
-the backward of a graph in a deterministic order, so the same graph on every rank is enough.
+GPU in this environment). Every rank must call the same collectives in the same order, backward
+included: autograd runs the backward of a graph in a deterministic order, so the same graph on
+every rank is enough.
 """
 
 from __future__ import annotations
