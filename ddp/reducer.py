@@ -320,8 +320,15 @@ class Reducer:
             if bucket.launched_at is not None and bucket.done_at is not None:
                 self.tracer.span("allreduce", "comm", bucket.launched_at, bucket.done_at,
                                  {"bucket": bucket.index, "bytes": bucket.nbytes,
-                                  "algorithm": self.algorithm})
+                                  "algorithm": self._algorithm_of(bucket)})
         self.tracer.span("finalize", "compute", backward_end, time.perf_counter(), {})
+
+    def _algorithm_of(self, bucket: _Bucket) -> str:
+        """The algorithm the bucket's allreduce ran ("auto" resolved); a user hook may differ."""
+        resolve = getattr(self.group, "resolve_algorithm", None)
+        if resolve is None:
+            return self.algorithm
+        return resolve(self.algorithm, bucket.nbytes, bucket.flat.device.type == "cuda")
 
     def _rebuild_in_ready_order(self) -> None:
         """Once: rebuild the buckets in rank 0's observed gradient order (every rank, same plan)."""

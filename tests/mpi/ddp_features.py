@@ -137,7 +137,8 @@ def check_rebuild_and_tracing(checker, group):
                   f"tracer: {len(instants)} bucket_ready, {len(spans)} allreduce, {len(finals)} finalize; "
                   f"expected 18, 18, 3")
     checker.check(all(e[2] == "comm" and e[3] <= e[4] and set(e[5]) == {"bucket", "bytes", "algorithm"}
-                      for e in spans), "tracer: malformed allreduce span")
+                      and e[5]["algorithm"] in commlib.algorithms() for e in spans),
+                  f"tracer: malformed allreduce span {spans[:1]}")
     checker.check(all(e[2] == "compute" and set(e[5]) == {"bucket", "bytes", "params"} and e[5]["params"] == 1
                       for e in instants), "tracer: malformed bucket_ready instant")
     stats = model.last_step_stats()
