@@ -5,11 +5,13 @@ Importing this package registers the backend name "commlib" with ``torch.distrib
 """
 
 from . import functional
-from .backend import BACKEND_NAME, CommlibProcessGroup, commlib_group_of, init_process_group
+from .backend import BACKEND_NAME, CommlibProcessGroup, commlib_group_of
 from .backend import register as _register_backend
+from .cuda_streams import on_torch_stream
+from .rendezvous import init_process_group
 from .tensors import from_array, is_cuda, to_array
 
 _register_backend()
 
 __all__ = ["to_array", "from_array", "is_cuda", "init_process_group", "CommlibProcessGroup",
-           "commlib_group_of", "BACKEND_NAME", "functional"]
+           "commlib_group_of", "BACKEND_NAME", "functional", "on_torch_stream"]

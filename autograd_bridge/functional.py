@@ -83,12 +83,12 @@ def _dim0_chunks(x: torch.Tensor, size: int, collective: str) -> None:
 
 
 def _on_stream_of(x: torch.Tensor):
-    """CUDA: run the collective ordered after torch's current stream (see backend.py); CPU: nothing."""
+    """CUDA: run the collective ordered after torch's current stream (see cuda_streams.py); CPU: nothing."""
     if not x.is_cuda:
         return contextlib.nullcontext()
-    from .backend import _on_torch_stream
+    from .cuda_streams import on_torch_stream
 
-    return _on_torch_stream(x.device)
+    return on_torch_stream(x.device)
 
 
 def _fresh(x: torch.Tensor) -> torch.Tensor:
