@@ -101,12 +101,12 @@ def expected_result(size: int, count: int, dtype, op: str) -> np.ndarray:
 def mpi_baseline(comm, dtype, op: str):
     """In-place ``MPI_Allreduce`` on ``comm`` (bfloat16: a numpy user op, MPI has none)."""
     mpi_ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
-    try:
-        datatype = MPI._typedict[dtype.char] if dtype.name != "bfloat16" else None
-    except KeyError:
-        datatype = None
-    if dtype.name == "float16":
-        datatype = MPI.FLOAT16_T
+    datatype = None
+    if dtype.name != "bfloat16":
+        try:
+            datatype = MPI.Datatype.fromcode(dtype.char)
+        except (KeyError, ValueError):
+            datatype = None
     if datatype is None:
         datatype = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
         combine = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}[op]

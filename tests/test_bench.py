@@ -29,7 +29,7 @@ def parse_table(output: str):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
 def test_bench_table_parses_and_nothing_is_wrong(tmp_path, dtype):
     json_path = tmp_path / "rows.json"
     command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "commlib.bench", "-b", "8", "-e", "4K",
@@ -40,7 +40,7 @@ def test_bench_table_parses_and_nothing_is_wrong(tmp_path, dtype):
     sizes = [8, 64, 512, 4096]
     expected = [(size, name) for size in sizes for name in ["MPI_Allreduce"] + ALGORITHMS]
     assert [(row["size"], row["algorithm"]) for row in rows] == expected, result.stdout
-    itemsize = 4 if dtype == "float32" else 1
+    itemsize = {"float32": 4, "int8": 1, "bfloat16": 2}[dtype]
     for row in rows:
         assert row["wrong"] == 0, row
         assert row["count"] == row["size"] // itemsize and row["dtype"] == dtype
