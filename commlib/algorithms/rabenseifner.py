@@ -37,7 +37,7 @@ def allreduce_rabenseifner(transport, buf, op: ReduceOp, *, segment_bytes: int =
     if virtual >= 0 and fold.power > 1:
         blocks = split_bounds(0, buf.size, fold.power)
         segment_elems = segment_elements(segment_bytes, buf.itemsize)
-        slots = scratch_slots(transport, segment_elems, buf.dtype)
+        slots = scratch_slots(transport, min(segment_elems, buf.size), buf.dtype)
 
         def span(first_block: int, block_count: int):
             return blocks[first_block][0], blocks[first_block + block_count - 1][1]
