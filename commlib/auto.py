@@ -2,21 +2,18 @@
 
 The table holds, per world-size class, ``(largest message in bytes, algorithm)`` rows; the first
 row whose bound covers the message wins. It was filled from ``python -m commlib.bench`` runs on
-the development machine (2 cores, MPICH 5 shared memory, float32, ``-s 256K``, 2026-11-30), taking
+the development machine (2 cores, MPICH 5 shared memory, float32, 1 MiB segments, 2026-11-30), taking
 at each size the fastest algorithm through ``ProcessGroup.allreduce``:
 
 * ``P = 2``: ``native`` (MPI's ``Iallreduce``) up to 8 MiB; from 16 MiB on, the ring's and
   rabenseifner's cache-sized segments win (64 MiB: rabenseifner 23 ms, MPI 41 ms).
-* other powers of two (measured at ``P = 4``, two ranks per core): commlib's polling wait makes
-  MPI's nonblocking collective slow when ranks share a core (8 B: ``native`` 2.5 ms,
-  ``recursive_doubling`` 0.64 ms), so the latency-optimal schedule takes the small sizes and
-  rabenseifner the large ones.
-* other world sizes (measured at ``P = 3``, oversubscribed too): the same polling effect; up to
-  2 MiB ``recursive_doubling`` (8 B: 0.54 ms against ``native`` 2.5 ms), then the ring, whose
-  folded-pair-free schedule was within 1.3x of the best from 4 MiB on (16 MiB: 18.5 ms, best).
-
-If the transport's wait stops monopolising a shared core (see the benchmark notes), re-measure:
-at ``P = 4`` a yielding wait made ``native`` the fastest small-message path (8 B: 0.11 ms).
+* other powers of two (measured at ``P = 4``, two ranks per core, after the transport's wait
+  learned to yield the core): ``native`` up to 4 MiB (8 B: 0.13 ms against 0.31-0.60 ms for the
+  schedules; 2 MiB: 2.3 ms against rabenseifner's 2.6 ms), rabenseifner above (16 MiB: 20 ms,
+  ``native`` 25 ms).
+* other world sizes (measured at ``P = 3``): ``native`` up to 1 MiB (256 KiB: 0.31 ms against
+  0.49 ms for the best schedule), the ring above (2 MiB: 1.8 ms against ``native`` 3.0 ms;
+  16 MiB: 12.9 ms against 17.0 ms).
 
 ``COMMLIB_ALGO`` overrides the choice for every call that says ``"auto"``. The group skips its
 general path for messages up to :func:`native_threshold` (an inline ``MPI_Iallreduce``), so that
@@ -32,8 +29,8 @@ INF = float("inf")
 
 _TABLE = {
     "2": ((8 * MiB, "native"), (INF, "rabenseifner")),
-    "pow2": ((1 * MiB, "recursive_doubling"), (INF, "rabenseifner")),
-    "other": ((2 * MiB, "recursive_doubling"), (INF, "ring")),
+    "pow2": ((4 * MiB, "native"), (INF, "rabenseifner")),
+    "other": ((1 * MiB, "native"), (INF, "ring")),
 }
 
 

@@ -34,8 +34,8 @@ _SUM = ReduceOp.SUM
 _AVG = ReduceOp.AVG
 _MIN = ReduceOp.MIN
 _MAX = ReduceOp.MAX
-# Polls of a small inline allreduce before the deadline-checking wait takes over (~0.1-1 ms).
-INLINE_SPINS = 2000
+# Polls of a small inline allreduce before the yielding, deadline-checking wait takes over.
+INLINE_SPINS = 16
 
 
 class ProcessGroup:
