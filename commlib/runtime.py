@@ -61,7 +61,32 @@ def init(comm=None, timeout: Optional[float] = None, *, debug: Optional[bool] = 
             from .abort import install_abort_on_uncaught_exception
 
             install_abort_on_uncaught_exception()
+        if _world.debug:
+            _print_rank_map(_world)
         return _world
+
+
+def _print_rank_map(group: ProcessGroup) -> None:
+    """Debug mode: rank 0 prints which process is which rank and host.
+
+    A rank killed by a signal cannot report itself, and mpiexec names the dead process by PID
+    only; this line turns that PID back into a rank.
+    """
+    import os
+    import socket
+
+    import numpy as np
+
+    record = f"{group.rank}:{os.getpid()}@{socket.gethostname()}".encode()
+    width = 96
+    mine = np.zeros(width, np.uint8)
+    mine[:min(len(record), width)] = np.frombuffer(record[:width], np.uint8)
+    gathered = np.empty(width * group.size, np.uint8)
+    group.allgather(gathered, mine)
+    if group.rank == 0:
+        entries = [bytes(gathered[r * width:(r + 1) * width]).rstrip(b"\0").decode() for r in range(group.size)]
+        sys.stderr.write("commlib: rank:pid@host " + " ".join(entries) + "\n")
+        sys.stderr.flush()
 
 
 def _dup_with_deadline(parent, timeout: float):

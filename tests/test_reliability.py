@@ -43,7 +43,10 @@ def test_a_dying_rank_ends_the_job(mode):
     elif mode == "exit":
         assert re.search(r"rank 1 \(its process exited", output), output
     else:
-        assert "KILLED" in output.upper() or "signal 9" in output, output
+        assert "signal 9" in output, output
+        killed_pid = re.search(r"PID (\d+)", output).group(1)
+        rank_of_pid = dict((pid, rank) for rank, pid in re.findall(r"(\d+):(\d+)@", output))
+        assert rank_of_pid.get(killed_pid) == "1", f"pid {killed_pid} not mapped to rank 1\n{output}"
     time.sleep(0.5)
     assert _no_process_left(str(MPI_SCRIPTS / "faults.py")), "ranks left running"
 

@@ -10,16 +10,8 @@ import numpy as np
 
 import commlib
 from commlib import InvalidUsageError, ReduceOp
-from verdict import Checker
+from verdict import DTYPES, OPS, Checker
 
-DTYPES = ["float16", "float32", "float64", "int8", "int32", "int64", "uint8"]
-try:
-    import ml_dtypes
-
-    DTYPES.append(ml_dtypes.bfloat16)
-except ImportError:
-    pass
-OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PROD]
 
 
 def rank_values(rank: int, count: int, dtype) -> np.ndarray:

@@ -20,7 +20,8 @@ from commlib import CollectiveMismatchError, CommTimeoutError, GroupAbortedError
 from verdict import Checker
 
 mode, timeout = sys.argv[1], float(sys.argv[2])
-pg = commlib.init(timeout=timeout, debug=mode.startswith("mismatch"))
+# Debug mode for "kill" too: its rank:pid map is how a SIGKILLed rank is named.
+pg = commlib.init(timeout=timeout, debug=mode.startswith("mismatch") or mode == "kill")
 rank = pg.rank
 check = Checker()
 pg.allreduce(np.zeros(4))  # collective #1: everyone healthy

@@ -13,6 +13,18 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from commlib import ReduceOp
+
+# What the collective checks sweep: every dtype the issue names, bfloat16 where ml_dtypes exists.
+DTYPES = ["float16", "float32", "float64", "int8", "int32", "int64", "uint8"]
+try:
+    import ml_dtypes
+
+    DTYPES.append(ml_dtypes.bfloat16)
+except ImportError:
+    pass
+OPS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PROD]
+
 
 class Checker:
     def __init__(self, comm=None):
