@@ -21,7 +21,7 @@ import dataclasses
 import os
 from typing import Mapping, Optional
 
-__all__ = ["Config", "load_config"]
+__all__ = ["Config", "load_config", "GPU_TRANSPORTS"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
