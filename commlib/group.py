@@ -55,6 +55,7 @@ class ProcessGroup:
         self.transport = MPITransport(comm)
         self.progress = ProgressBoard(comm) if self.size > 1 else None
         self.transport.progress_board = self.progress
+        self._progress_slot = self.progress.mine_slot if self.progress is not None else None
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
         self._seq = 0
         self._gpu = None
@@ -205,6 +206,7 @@ class ProcessGroup:
             self._gpu.close()
         self.transport.close()
         if self.progress is not None:
+            self._progress_slot = None
             self.progress.close()
             self.progress = None
 
@@ -276,22 +278,20 @@ class ProcessGroup:
         flags = buf.flags
         if datatype is None or not (flags.c_contiguous and flags.writeable):
             return False
-        # Plain acquire/release: a ``with`` block costs twice as much, and this is the hot path.
+        # The issue lock is held for the whole (microseconds-long) collective: nothing can queue
+        # behind it meanwhile, so no in-flight bookkeeping is needed. Plain acquire/release: a
+        # ``with`` block costs twice as much, and this is the hot path.
         executor = self.executor
         issue_lock = executor._issue_lock
         issue_lock.acquire()
-        if executor._in_flight or executor.first_error is not None or executor._closed:
-            issue_lock.release()
-            return False
-        executor._in_flight = 1
-        executor._inline_busy = True
-        self._seq += 1
-        seq = self._seq
-        issue_lock.release()
-        progress = self.progress
-        if progress is not None:
-            progress.mine[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
         try:
+            if executor._in_flight or executor.first_error is not None or executor._closed:
+                return False
+            self._seq += 1
+            seq = self._seq
+            progress_slot = self._progress_slot
+            if progress_slot is not None:
+                progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
             if self.size > 1 and buf.size:
                 request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, buf.size, datatype], mpi_reduce_op)
                 spins = INLINE_SPINS
@@ -304,9 +304,6 @@ class ProcessGroup:
             executor._record_failure(exc)
             raise
         finally:
-            issue_lock.acquire()
-            executor._in_flight -= 1
-            executor._inline_busy = False
             issue_lock.release()
         return True
 
