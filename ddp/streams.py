@@ -27,40 +27,13 @@ import contextlib
 
 import torch
 
+from autograd_bridge.cuda_streams import on_torch_stream as _cupy_on_torch_stream
+
 __all__ = ["on_torch_stream"]
-
-
-class _TorchStreamRef:
-    """``__cuda_stream__`` protocol object, what ``cupy.cuda.Stream.from_external`` accepts."""
-
-    def __init__(self, stream: "torch.cuda.Stream"):
-        self._stream = stream
-
-    def __cuda_stream__(self):
-        return (0, self._stream.cuda_stream)
-
-
-def _cupy_view_of(stream: "torch.cuda.Stream"):
-    import cupy
-
-    from_external = getattr(cupy.cuda.Stream, "from_external", None)
-    if from_external is not None:
-        return from_external(_TorchStreamRef(stream))
-    return cupy.cuda.ExternalStream(stream.cuda_stream, stream.device.index)
-
-
-@contextlib.contextmanager
-def _cuda_context(device: torch.device):
-    import cupy
-
-    stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index if device.index is not None else torch.cuda.current_device()):
-        with _cupy_view_of(stream):
-            yield
 
 
 def on_torch_stream(device: torch.device):
     """Context in which commlib's GPU calls use torch's current stream of ``device`` (CPU: nothing)."""
     if device.type != "cuda":
         return contextlib.nullcontext()
-    return _cuda_context(device)
+    return _cupy_on_torch_stream(device)
