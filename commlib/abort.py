@@ -9,7 +9,6 @@ user's own blocking MPI call). We print the traceback, say which rank failed, an
 from __future__ import annotations
 
 import sys
-import threading
 
 __all__ = ["install_abort_on_uncaught_exception"]
 

@@ -133,9 +133,6 @@ class CommExecutor:
     def pending(self) -> int:
         return self._in_flight
 
-    def thread_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def close(self) -> None:
         """Stop the comm thread after the queued collectives ran."""
         with self._wakeup:

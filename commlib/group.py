@@ -23,10 +23,8 @@ from .progress_board import ProgressBoard
 from .ops import ReduceOp, check_op
 from .transports.mpi import MPITransport
 from .transports.mpi_types import MPI_PREDEFINED
-from .transports.polling import wait_all
 from .validation import (array_kind, check_buffer, check_no_overlap, check_root, check_same_kind,
                          check_timeout)
-from .work import Work
 
 __all__ = ["ProcessGroup"]
 

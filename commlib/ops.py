@@ -13,8 +13,8 @@ import numpy as np
 
 from .errors import InvalidUsageError
 
-__all__ = ["ReduceOp", "SUPPORTED_DTYPE_NAMES", "DTYPE_IS_FLOAT", "check_dtype", "check_op",
-           "is_float_dtype", "is_supported_dtype", "reduce_into", "reduce_ordered", "ufunc_name"]
+__all__ = ["ReduceOp", "SUPPORTED_DTYPE_NAMES", "DTYPE_IS_FLOAT", "check_op", "is_float_dtype",
+           "reduce_into", "reduce_ordered", "ufunc_name"]
 
 
 class ReduceOp(enum.Enum):
@@ -73,18 +73,6 @@ def ufunc_name(op: ReduceOp) -> str:
 
 def is_float_dtype(dtype) -> bool:
     return DTYPE_IS_FLOAT.get(dtype, False)
-
-
-def is_supported_dtype(dtype) -> bool:
-    return dtype in DTYPE_IS_FLOAT
-
-
-def check_dtype(dtype, collective: str) -> None:
-    if dtype not in DTYPE_IS_FLOAT:
-        raise InvalidUsageError(
-            f"{collective}: unsupported dtype {dtype}; expected one of "
-            f"{', '.join(SUPPORTED_DTYPE_NAMES)} (bfloat16 through ml_dtypes)"
-        )
 
 
 def check_op(op: ReduceOp, dtype, collective: str) -> None:

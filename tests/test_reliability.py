@@ -3,7 +3,6 @@
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 

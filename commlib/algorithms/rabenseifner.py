@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..ops import ReduceOp
 from .partition import segment_count, segment_elements, split_bounds
-from .pipeline import PIPELINE_WINDOW, Stage, run_stages, scratch_slots
+from .pipeline import Stage, run_stages, scratch_slots
 from .power_of_two import Fold, fold_in, fold_out
 
 __all__ = ["allreduce_rabenseifner"]

@@ -8,7 +8,6 @@ messages matched against the wrong one, and the peers time out instead of comput
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
@@ -150,8 +149,4 @@ def raise_timeout(rank: int, ctx, waiting_for: str, board=None) -> None:
         f"rank {rank}: {ctx.describe()} timed out after {ctx.timeout:g} s waiting for "
         f"{waiting_for}{peers}"
     )
-
-
-def deadline_after(timeout: float) -> float:
-    return time.monotonic() + timeout
 

@@ -5,7 +5,6 @@ rank, and the defined edge behaviours (forward twice, backward without forward) 
 """
 
 import torch
-import torch.nn.functional as F
 
 import commlib
 from commlib import GroupAbortedError, register_algorithm

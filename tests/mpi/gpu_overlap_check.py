@@ -57,7 +57,7 @@ def collective(backend, x, events):
     def run(transport):
         start.record()  # current stream = the comm stream
         transport.native_allreduce(x, ReduceOp.SUM)
-        x *= 1.0  # a kernel of real work on the comm stream (one rank's allreduce may be a no-op)
+        x[...] *= 1.0  # a kernel of real work on the comm stream (one rank's allreduce may be a no-op)
         end.record()
 
     return backend.issue("allreduce", run, x.nbytes, True, x, "native", (x.dtype, x.shape, "SUM", -1, "native"))
