@@ -20,6 +20,9 @@ def _abort(rank_text: str, exc_type, exc, tb, where: str) -> None:
 
     from mpi4py import MPI
 
+    from .crash_witness import tell_witness
+
+    tell_witness(b"abort")  # this rank names itself below; the deaths that follow are the cleanup
     sys.stderr.write(f"commlib: rank {rank_text} failed with an uncaught exception {where}; "
                      f"aborting the MPI job\n")
     traceback.print_exception(exc_type, exc, tb, file=sys.stderr)

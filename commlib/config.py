@@ -9,6 +9,8 @@ variable                    meaning                                             
 ``COMMLIB_SEGMENT_BYTES``   pipeline segment size of ring/tree/rabenseifner            ``1 MiB``
 ``COMMLIB_GPU_TRANSPORT``   GPU transport: ``nccl``, or ``host_staged`` (ranks may      ``nccl``
                             share a GPU; bytes go through host memory and MPI)
+``COMMLIB_CRASH_WITNESS``   ``0``: no per-host witness process naming a rank killed    ``1``
+                            by a signal (see :mod:`commlib.crash_witness`)
 ==========================  ========================================================  =========
 
 Tests change behaviour through arguments (``commlib.init(debug=True)``, ``segment_bytes=``),
@@ -73,6 +75,7 @@ class Config:
     timeout: float = 300.0
     segment_bytes: int = 1 << 20
     gpu_transport: str = "nccl"
+    crash_witness: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
@@ -88,6 +91,8 @@ class Config:
         if environ.get("COMMLIB_GPU_TRANSPORT"):
             values["gpu_transport"] = _parse_choice("COMMLIB_GPU_TRANSPORT", environ["COMMLIB_GPU_TRANSPORT"],
                                                     GPU_TRANSPORTS)
+        if "COMMLIB_CRASH_WITNESS" in environ:
+            values["crash_witness"] = _parse_bool("COMMLIB_CRASH_WITNESS", environ["COMMLIB_CRASH_WITNESS"])
         return cls(**values)
 
 

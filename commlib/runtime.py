@@ -53,6 +53,10 @@ def init(comm=None, timeout: Optional[float] = None, *, debug: Optional[bool] = 
         if not isinstance(parent, MPI.Comm) or parent == MPI.COMM_NULL:
             raise InvalidUsageError(f"commlib.init: comm must be an mpi4py communicator, got {comm!r}")
         dup = _dup_with_deadline(parent, timeout)
+        if config.crash_witness and dup.Get_size() > 1:
+            from .crash_witness import start_witness
+
+            start_witness(dup)
         _world = ProcessGroup(dup, timeout=timeout, config=config,
                               debug=config.debug if debug is None else debug, name="world",
                               segment_bytes=segment_bytes, device=device,

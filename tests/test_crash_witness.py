@@ -1,0 +1,112 @@
+"""The crash witness's protocol, driven directly (the mpiexec side is in test_reliability.py).
+
+Each test starts the real witness process on a listening socket and plays the ranks with plain
+sockets: ``hello`` then ``bye`` (clean exit), ``abort`` (the rank reported itself) or a close
+without either (the process died).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from commlib import crash_witness
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix sockets are Linux's")
+
+
+class Witness:
+    def __init__(self, ranks: int):
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.address = f"\0commlib-witness-test-{os.getpid()}-{time.monotonic_ns()}".encode()
+        self.listener.bind(self.address)
+        self.listener.listen(ranks)
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(crash_witness._WITNESS_SCRIPT), str(self.listener.fileno()),
+             str(ranks), str(os.getpid())],
+            pass_fds=[self.listener.fileno()], stderr=subprocess.PIPE, text=True)
+        self.listener.close()
+
+    def rank(self, rank: int, pid: int = 0) -> socket.socket:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(self.address)
+        connection.sendall(f"hello {rank} {pid or 1000 + rank} testhost\n".encode())
+        return connection
+
+    def finish(self) -> str:
+        _, stderr = self.process.communicate(timeout=10)
+        assert self.process.returncode == 0, stderr
+        return stderr
+
+
+def _say(connection: socket.socket, word: bytes) -> None:
+    connection.sendall(word + b"\n")
+    connection.close()
+
+
+def test_names_the_first_rank_that_closes_without_a_clean_exit_and_only_it():
+    witness = Witness(3)
+    ranks = [witness.rank(r) for r in range(3)]
+    time.sleep(0.2)
+    ranks[1].close()  # died
+    time.sleep(0.2)
+    ranks[0].close()  # the cleanup's kill: not named
+    _say(ranks[2], b"bye")
+    stderr = witness.finish()
+    assert stderr.count("crash witness") == 1, stderr
+    assert "rank 1 (pid 1001 on testhost) ended without a clean exit" in stderr, stderr
+    assert "the first rank on testhost to fail" in stderr
+
+
+def test_a_clean_job_and_a_self_reported_failure_stay_silent():
+    witness = Witness(2)
+    first, second = witness.rank(0), witness.rank(1)
+    _say(first, b"bye")
+    _say(second, b"bye")
+    assert witness.finish() == ""
+
+    witness = Witness(3)
+    ranks = [witness.rank(r) for r in range(3)]
+    _say(ranks[2], b"abort")  # the rank printed its own traceback and called MPI_Abort
+    time.sleep(0.2)
+    ranks[0].close()
+    ranks[1].close()
+    assert witness.finish() == ""
+
+
+def test_a_rank_that_dies_before_hello_is_named_by_its_kernel_pid():
+    witness = Witness(1)
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import socket, sys; s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); "
+        f"s.connect({witness.address!r}); sys.exit(0)")])
+    child.wait(timeout=10)
+    stderr = witness.finish()
+    assert f"rank ? (pid {child.pid} on" in stderr, stderr
+
+
+def test_exits_when_its_parent_has_gone_and_no_rank_ever_connected():
+    # Stand-in for local rank 0: a process that starts the witness and exits before any rank connects.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(f"\0commlib-witness-test-orphan-{os.getpid()}".encode())
+    listener.listen(1)
+    script = (f"import os, subprocess, sys; subprocess.Popen([sys.executable, '-I', '-S', "
+              f"{str(crash_witness._WITNESS_SCRIPT)!r}, '{listener.fileno()}', '1', str(os.getpid())], "
+              f"pass_fds=[{listener.fileno()}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+              f"print('started', os.getpid(), flush=True)")
+    parent = subprocess.run([sys.executable, "-c", script], pass_fds=[listener.fileno()],
+                            capture_output=True, text=True, timeout=10)
+    listener_fd = listener.fileno()
+    listener.close()
+    assert "started" in parent.stdout
+    parent_pid = parent.stdout.split()[1]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-f", f"commlib/crash_witness_process.py {listener_fd} 1 {parent_pid}$"],
+                               capture_output=True, text=True).stdout.strip()
+        if not found:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the orphaned witness is still running: pids {found}")
