@@ -48,7 +48,7 @@ def start_witness(comm) -> bool:
     try:
         address = b""
         if node.Get_rank() == 0:
-            address = _spawn(node.Get_size())
+            address = _spawn(node.Get_size(), comm.Get_rank())
         address = node.bcast(address, root=0)
     finally:
         node.Free()
@@ -68,7 +68,7 @@ def tell_witness(message: bytes) -> None:
         _forget()
 
 
-def _spawn(ranks_on_host: int) -> bytes:
+def _spawn(ranks_on_host: int, rank: int) -> bytes:
     global _witness_process
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Abstract namespace (leading NUL): no file to clean up, gone when the last holder exits.
@@ -83,7 +83,7 @@ def _spawn(ranks_on_host: int) -> bytes:
             start_new_session=True,  # outside the job's process group: the cleanup's kill misses it
         )
     except OSError as error:
-        sys.stderr.write(f"commlib: rank {os.getpid()}: crash witness not started ({error}); "
+        sys.stderr.write(f"commlib: rank {rank}: crash witness not started ({error}); "
                          f"a rank killed by a signal will be named by mpiexec's PID only\n")
         return b""
     finally:
