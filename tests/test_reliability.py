@@ -43,6 +43,7 @@ def test_a_dying_rank_ends_the_job(mode):
         assert named_by_witness == [], "the rank reported itself; the cleanup's kills are not failures"
     elif mode == "exit":
         assert re.search(r"rank 1 \(its process exited", output), output
+        assert named_by_witness == [], "rank 1 exited through the interpreter; the survivors reported"
     else:
         assert "signal 9" in output, output
         # mpiexec's own "PID ... EXIT CODE: 9" names a rank its cleanup killed about 1 run in 3;
@@ -51,6 +52,7 @@ def test_a_dying_rank_ends_the_job(mode):
         assert named_by_witness == [("1", pid_of_rank["1"])], output
     time.sleep(0.5)
     assert _no_process_left(str(MPI_SCRIPTS / "faults.py")), "ranks left running"
+    assert _no_process_left("crash_witness_process.py"), "the crash witness outlived the job"
 
 
 @pytest.mark.mpi
