@@ -1,8 +1,8 @@
 """mpiexec -n 2 python -m ddp.bench --model mlp --caps 1 5 25 100
 
-Step time (forward + backward + SGD step, median over ``--steps`` after ``--warmup``, best of
-``--rounds`` interleaved rounds) of one model
-and per-rank batch, side by side in one run:
+Step time (forward + backward + SGD step; the median over ``--steps`` turns after ``--warmup``,
+repeated ``--rounds`` times, of steps taken in turn by every configuration of one bucket cap,
+all alive at once) of one model and per-rank batch, side by side in one run:
 
 * ``ours``: ``ddp.DistributedDataParallel`` (``gradient_as_bucket_view`` False, and True as ``view``)
 * ``gloo``: torch's own DDP over gloo (a TCP store on 127.0.0.1, port from rank 0 over mpi4py)
@@ -16,9 +16,10 @@ and per-rank batch, side by side in one run:
 over the model's gradient bytes; ``extra/g`` subtracts the gradients that *are* those buffers
 (gradient_as_bucket_view), i.e. what DDP adds on top of the local model's parameters + grads.
 ``rss+/g``: measured, not computed: the peak growth of this process's resident set from just
-before building the model to just after each backward (grads alive), DDP's minus the local
-model's, over gradient bytes (glibc's mmap threshold is pinned so freed tensors leave the RSS). Step times are the
-maximum over ranks of each rank's median.
+before building the model to just after each of two backwards (grads alive), DDP's minus the
+local model's, over gradient bytes, in a separate pass before the step times (each model
+alone; glibc's mmap threshold pinned so freed tensors leave the RSS, see set_mmap_threshold). Step times are the maximum over
+ranks of each rank's median.
 """
 
 from __future__ import annotations
@@ -58,46 +59,74 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def pin_mmap_threshold() -> None:
-    """Make glibc return large freed blocks to the OS at once, so RSS deltas mean something.
+def set_mmap_threshold(threshold_bytes: int) -> None:
+    """Fix glibc's mmap threshold (and its trim threshold at twice that), as ``mallopt`` does.
 
-    glibc raises its mmap threshold after big frees (up to 32 MiB) and then keeps freed
-    tensors in the heap; fixing the threshold (``M_MMAP_THRESHOLD``) turns that off.
+    For the memory pass, 1 MiB: glibc raises its threshold after big frees (up to 32 MiB) and
+    then keeps freed tensors in the heap, so RSS deltas would mean nothing. For the step times,
+    32 MiB, where glibc's own adaptation ends up: with 1 MiB every tensor costs an mmap and fresh
+    zeroed pages, which made a transformer step 468 ms instead of 332 ms (its communication 110
+    ms instead of 45-49) in an A/B run.
     """
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD = 1 MiB
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, threshold_bytes)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 2 * threshold_bytes)  # M_TRIM_THRESHOLD
     except OSError:
         pass
 
 
-def time_steps(make_model, x, y, steps: int, warmup: int, *, no_sync=False, stats=False):
-    """Median step time (s), median hidden fraction, peak RSS growth (bytes) over building the model."""
+def memory_and_layout(make_model, x, y, *, stats=False):
+    """Peak RSS growth (bytes) over building the model and two steps, and (``stats``) its buckets."""
     baseline = rss_bytes()
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    times, hidden, rss = [], [], 0
-    for step in range(warmup + steps):
-        start = time.perf_counter()
+    rss = 0
+    for _ in range(2):
         opt.zero_grad()
-        if no_sync:
-            with model.no_sync():
-                F.mse_loss(model(x), y).backward()
-        else:
-            F.mse_loss(model(x), y).backward()
+        F.mse_loss(model(x), y).backward()
         rss = max(rss, rss_bytes() - baseline)
         opt.step()
-        elapsed = time.perf_counter() - start
-        if step >= warmup:
-            times.append(elapsed)
-            if stats and model.last_step_stats() is not None:
-                hidden.append(model.last_step_stats()["hidden_fraction"])
     info = {"buckets": model.bucket_sizes() if stats else None,
             "aliased": sum(p.numel() * p.element_size() for p in model.parameters()
                            if stats and model.gradient_as_bucket_view and p.grad is not None)}
     del model, opt
-    return statistics.median(times), (statistics.median(hidden) if hidden else None), rss, info
+    return rss, info
+
+
+def interleaved_steps(factories, x, y, steps: int, warmup: int, samples, hidden_samples, comm) -> None:
+    """Build every model of ``factories``, then step them in turn; append step times (s) to ``samples``.
+
+    Each turn starts on a barrier, so every rank times the same configuration at once; the
+    configuration that goes first rotates from turn to turn.
+    """
+    models = {key: factory() for key, factory in factories.items()}
+    optimizers = {key: torch.optim.SGD(model.parameters(), lr=1e-6) for key, model in models.items()}
+    keys = list(models)
+    for turn in range(warmup + steps):
+        for offset in range(len(keys)):
+            key = keys[(turn + offset) % len(keys)]
+            model, optimizer = models[key], optimizers[key]
+            comm.Barrier()
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            if key == ("nosync",):
+                with model.no_sync():
+                    F.mse_loss(model(x), y).backward()
+            else:
+                F.mse_loss(model(x), y).backward()
+            optimizer.step()
+            elapsed = time.perf_counter() - start
+            if turn < warmup:
+                continue
+            samples.setdefault(key, []).append(elapsed)
+            if isinstance(model, DistributedDataParallel) and key != ("nosync",):
+                stats = model.last_step_stats()
+                if stats is not None:
+                    hidden_samples.setdefault(key, []).append(stats["hidden_fraction"])
+    del models, optimizers
 
 
 def init_torch_gloo(comm):
@@ -136,7 +165,7 @@ def main(argv=None) -> None:
     parser.add_argument("--first-cap", type=float, default=1, help="first_bucket_cap_mb")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; best median kept")
+    parser.add_argument("--rounds", type=int, default=2, help="repetitions of the interleaved turns (samples pooled)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")
     parser.add_argument("--algorithm", default="auto", help="commlib allreduce algorithm for ours")
     parser.add_argument("--no-view", action="store_true", help="skip the gradient_as_bucket_view rows")
@@ -144,7 +173,6 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    pin_mmap_threshold()
     group = commlib.init()
     comm = group.comm
     rank, size = group.rank, group.size
@@ -168,31 +196,46 @@ def main(argv=None) -> None:
     def torch_ddp(cap, group=None):
         return lambda: torch.nn.parallel.DistributedDataParallel(replica(), bucket_cap_mb=cap, process_group=group)
 
-    # Every configuration, measured once per round; rounds interleave them so that a slow spell
-    # of the (shared) machine does not land on one configuration only. Best median over rounds.
-    configs = {("local",): (replica, {}), ("nosync",): (lambda: DistributedDataParallel(replica()), {"no_sync": True})}
     views = (False,) if args.no_view else (False, True)
-    for cap in args.caps:
-        configs[("gloo", cap)] = (torch_ddp(cap), {})
-        if torch_commlib is not None:
-            configs[("t/cl", cap)] = (torch_ddp(cap, torch_commlib), {})
-        for as_view in views:
-            configs[("ours", cap, as_view)] = (ours(cap, as_view), {"stats": True})
-    time_steps(replica, x, y, 1, 1)  # one-time allocations (kernels' workspaces) out of the RSS baseline
-    results = {}
-    for _ in range(args.rounds):
-        for key, (factory, options) in configs.items():
-            step_s, hidden, rss, info = time_steps(factory, x, y, args.steps, args.warmup, **options)
-            step_s = worst(step_s)
-            if key not in results or step_s < results[key][0]:
-                results[key] = (step_s, hidden, rss, info)
+    # Memory and bucket layout first: each configuration built alone (RSS growth means nothing
+    # when several models are alive) and stepped twice.
+    set_mmap_threshold(1 << 20)
+    memory_and_layout(replica, x, y)  # one-time allocations (kernels' workspaces) out of the RSS baseline
+    local_rss = memory_and_layout(replica, x, y)[0]
+    layout = {(cap, as_view): memory_and_layout(ours(cap, as_view), x, y, stats=True)
+              for cap in args.caps for as_view in views}
 
-    local_time, _, local_rss, _ = results[("local",)]
+    set_mmap_threshold(32 << 20)
+
+    # Step times: per bucket cap, every configuration alive at once and stepped in turn, one
+    # step each, ``--steps`` turns (after ``--warmup``), ``--rounds`` times: a slow spell of the
+    # shared machine lands on all of them alike, so their ratios hold even when the absolute
+    # times drift (measured blocks one configuration after another differed by 10-20%).
+    samples = {}
+    hidden_samples = {}
+    for _ in range(args.rounds):
+        for cap in args.caps:
+            factories = {("local",): replica, ("nosync",): lambda: DistributedDataParallel(replica()),
+                         ("gloo", cap): torch_ddp(cap)}
+            if torch_commlib is not None:
+                factories[("t/cl", cap)] = torch_ddp(cap, torch_commlib)
+            for as_view in views:
+                factories[("ours", cap, as_view)] = ours(cap, as_view)
+            interleaved_steps(factories, x, y, args.steps, args.warmup, samples, hidden_samples, comm)
+
+    def step_time(key):
+        return worst(statistics.median(samples[key]))
+
+    results = {key: (step_time(key),
+                     statistics.median(hidden_samples[key]) if hidden_samples.get(key) else None)
+               for key in samples}
+    local_time = results[("local",)][0]
     nosync_time = results[("nosync",)][0]
     rows = []
     for cap in args.caps:
         for as_view in views:
-            ours_time, hidden, ours_rss, info = results[("ours", cap, as_view)]
+            ours_time, hidden = results[("ours", cap, as_view)]
+            ours_rss, info = layout[(cap, as_view)]
             bufs = sum(info["buckets"])
             tcl = results.get(("t/cl", cap))
             rows.append({

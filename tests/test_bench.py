@@ -54,3 +54,37 @@ def test_bench_rejects_bad_arguments():
     result = subprocess.run([sys.executable, "-m", "commlib.bench", "-b", "1M", "-e", "8"],
                             cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "min (1048576) <= max (8)" in result.stderr
+
+
+@pytest.mark.mpi
+def test_ddp_bench_runs_every_configuration_and_writes_its_rows(tmp_path):
+    """``python -m ddp.bench`` at P=2, one tiny turn: every column is filled (not a timing test)."""
+    json_path = tmp_path / "ddp.json"
+    command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "ddp.bench", "--model", "transformer",
+               "--batch", "1", "--caps", "25", "--steps", "2", "--warmup", "1", "--rounds", "1",
+               "--json", str(json_path)]
+    result = subprocess.run(command, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(json_path.read_text())
+    assert [(row["cap_mb"], row["view"]) for row in rows] == [(25, False), (25, True)], rows
+    for row in rows:
+        for key in ("ours_ms", "gloo_ms", "torch_commlib_ms", "nosync_ms", "local_ms"):
+            assert row[key] > 0, (key, row)
+        assert row["buckets"] >= 1 and row["bufs_per_grad"] == pytest.approx(1.0, abs=0.01)
+        assert 0 <= row["hidden"] <= 1
+    assert rows[0]["extra_per_grad"] == pytest.approx(1.0, abs=0.01)  # buckets beside the grads
+    assert rows[1]["extra_per_grad"] == pytest.approx(0.0, abs=0.01)  # grads are bucket views
+    assert "ours/gloo" in result.stdout
+
+
+@pytest.mark.mpi
+def test_torch_backend_bench_compares_commlib_and_gloo(tmp_path):
+    json_path = tmp_path / "bridge.json"
+    command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "autograd_bridge.bench", "--samples", "3",
+               "--steps", "1", "--json", str(json_path)]
+    result = subprocess.run(command, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gloo/commlib" in result.stdout, result.stdout
+    rows = json.loads(json_path.read_text())["allreduce"]
+    assert rows and all(row["commlib_wrong"] == 0 and row["gloo_wrong"] == 0 for row in rows), rows
+    assert all(row["commlib_us"] > 0 and row["gloo_us"] > 0 for row in rows), rows
