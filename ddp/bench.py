@@ -18,8 +18,8 @@ over the model's gradient bytes; ``extra/g`` subtracts the gradients that *are* 
 ``rss+/g``: measured, not computed: the peak growth of this process's resident set from just
 before building the model to just after each of two backwards (grads alive), DDP's minus the
 local model's, over gradient bytes, in a separate pass before the step times (each model
-alone; glibc's mmap threshold pinned so freed tensors leave the RSS, see set_mmap_threshold). Step times are the maximum over
-ranks of each rank's median.
+alone; glibc's mmap threshold pinned so freed tensors leave the RSS, see set_mmap_threshold).
+Step times are the maximum over ranks of each rank's median.
 """
 
 from __future__ import annotations
