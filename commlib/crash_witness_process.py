@@ -1,13 +1,13 @@
 """The witness of :mod:`commlib.crash_witness`: ``python -I -S crash_witness_process.py FD N PID``.
 
 Standard library only (it runs isolated, without site-packages). ``FD`` is a listening Unix
-socket, ``N`` the number of ranks on this host, ``PID`` the rank that started it. Each rank connects and sends lines: ``hello RANK
-PID HOST``, then ``bye`` at a clean exit or ``abort`` when it reports its own failure. The first
-connection to close without either, unless some rank said ``abort`` before, is a rank that died:
-one line names it on stderr (the job's), and the witness stays silent from then on (the deaths
-that follow are mpiexec's cleanup). It exits when every rank that connected has gone, or, if none
-is connected, when the rank that started it has gone: it holds the job's stderr open, and
-mpiexec may wait for that.
+socket, ``N`` the number of ranks on this host, ``PID`` the rank that started it. Each rank
+connects and sends lines: ``hello RANK PID HOST``, then ``bye`` at a clean exit or ``abort``
+when it reports its own failure. The first connection to close without either, unless some
+rank said ``abort`` before, is a rank that died: one line names it on stderr (the job's), and
+the witness stays silent from then on (the deaths that follow are mpiexec's cleanup). It exits
+when every rank that connected has gone, or, if none is connected, when the rank that started
+it has gone: it holds the job's stderr open, and mpiexec may wait for that.
 """
 
 import os
