@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["start_witness", "tell_witness"]
+__all__ = ["start_witness", "tell_witness", "witness_command"]
 
 _WITNESS_SCRIPT = Path(__file__).with_name("crash_witness_process.py")
 _connection: Optional[socket.socket] = None
@@ -55,6 +55,12 @@ def start_witness(comm) -> bool:
     return bool(address) and _connect(address, comm.Get_rank())
 
 
+def witness_command(listener_fd: int, ranks_on_host: int, parent_pid: int) -> list:
+    """The witness's command line (the argv :mod:`commlib.crash_witness_process` reads)."""
+    return [sys.executable, "-I", "-S", str(_WITNESS_SCRIPT), str(listener_fd), str(ranks_on_host),
+            str(parent_pid)]
+
+
 def tell_witness(message: bytes) -> None:
     """Send ``b"bye"`` (clean exit) or ``b"abort"`` (this rank reports its own failure)."""
     connection = _connection
@@ -77,8 +83,7 @@ def _spawn(ranks_on_host: int, rank: int) -> bytes:
         listener.bind(address)
         listener.listen(ranks_on_host)
         _witness_process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(_WITNESS_SCRIPT), str(listener.fileno()), str(ranks_on_host),
-             str(os.getpid())],
+            witness_command(listener.fileno(), ranks_on_host, os.getpid()),
             pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             start_new_session=True,  # outside the job's process group: the cleanup's kill misses it
         )

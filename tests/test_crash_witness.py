@@ -25,8 +25,7 @@ class Witness:
         self.listener.bind(self.address)
         self.listener.listen(ranks)
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(crash_witness._WITNESS_SCRIPT), str(self.listener.fileno()),
-             str(ranks), str(os.getpid())],
+            crash_witness.witness_command(self.listener.fileno(), ranks, os.getpid()),
             pass_fds=[self.listener.fileno()], stderr=subprocess.PIPE, text=True)
         self.listener.close()
 
@@ -92,8 +91,8 @@ def test_exits_when_its_parent_has_gone_and_no_rank_ever_connected():
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(f"\0commlib-witness-test-orphan-{os.getpid()}".encode())
     listener.listen(1)
-    script = (f"import os, subprocess, sys; subprocess.Popen([sys.executable, '-I', '-S', "
-              f"{str(crash_witness._WITNESS_SCRIPT)!r}, '{listener.fileno()}', '1', str(os.getpid())], "
+    script = (f"import os, subprocess; from commlib.crash_witness import witness_command; "
+              f"subprocess.Popen(witness_command({listener.fileno()}, 1, os.getpid()), "
               f"pass_fds=[{listener.fileno()}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
               f"print('started', os.getpid(), flush=True)")
     parent = subprocess.run([sys.executable, "-c", script], pass_fds=[listener.fileno()],
