@@ -14,7 +14,7 @@ SLACK = 8.0    # process start-up and teardown on a loaded 2-core machine
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
-@pytest.mark.parametrize("mode", ["skip", "different", "mismatch", "mismatch_op"])
+@pytest.mark.parametrize("mode", ["skip", "different", "mismatch", "mismatch_op", "thread_order"])
 def test_surviving_faults_raise_on_every_rank(mode, nprocs):
     started = time.monotonic()
     result = run_mpi("faults.py", nprocs, mode, TIMEOUT, timeout=60)

@@ -3,7 +3,8 @@
 Fault injection on rank 1 (the others behave). Modes the ranks survive (exit 0 when every check
 held): ``skip`` (rank 1 skips a collective), ``different`` (rank 1 calls broadcast where the others
 call allreduce), ``mismatch`` (debug mode: rank 1 passes another shape), ``mismatch_op``
-(debug: allreduce vs broadcast). Modes that end the job (the test checks the exit status, the
+(debug: allreduce vs broadcast), ``thread_order`` (debug: two threads issue two allreduces of
+different shapes, in one order on rank 0 and the other on the rest). Modes that end the job (the test checks the exit status, the
 time and the message): ``exception``, ``exit``, ``kill`` (rank 1 dies while the others are in a
 collective).
 """
@@ -11,6 +12,7 @@ collective).
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -21,7 +23,7 @@ from verdict import Checker
 
 mode, timeout = sys.argv[1], float(sys.argv[2])
 # Debug mode for "kill" too: its rank:pid map is how a SIGKILLed rank is named.
-pg = commlib.init(timeout=timeout, debug=mode.startswith("mismatch") or mode == "kill")
+pg = commlib.init(timeout=timeout, debug=mode.startswith("mismatch") or mode in ("kill", "thread_order"))
 rank = pg.rank
 check = Checker()
 pg.allreduce(np.zeros(4))  # collective #1: everyone healthy
@@ -78,6 +80,35 @@ elif mode == "mismatch_op":
     if error is not None:
         text = str(error)
         check.check("collective differs" in text and "broadcast" in text and "allreduce" in text, text)
+elif mode == "thread_order":
+    # Rule 1 of commlib/executor.py: the program must issue in one order on every rank. Two
+    # threads that issue in a rank-dependent order break it; the fingerprints must say so.
+    shapes = {"first": (8,), "second": (4, 4)}
+    order = ["first", "second"] if rank == 0 else ["second", "first"]
+    works = {}
+
+    def issue(name):
+        try:
+            works[name] = pg.allreduce(np.ones(shapes[name]), async_op=True)
+        except GroupAbortedError:  # the first one failed already: the group is poisoned
+            works[name] = None
+
+    for name in order:
+        thread = threading.Thread(target=issue, args=(name,))
+        thread.start()
+        thread.join()
+    mismatches = []
+    for name in order:
+        try:
+            if works[name] is not None:
+                works[name].wait()
+        except CollectiveMismatchError as exc:
+            mismatches.append(str(exc))
+        except GroupAbortedError:
+            pass
+    check.check(len(mismatches) == 1, f"one CollectiveMismatchError expected, got {mismatches}")
+    for text in mismatches:
+        check.check("shape differs" in text and "(8,)" in text and "(4, 4)" in text, text)
 else:
     raise SystemExit(f"unknown mode {mode}")
 check.finish()
