@@ -20,6 +20,7 @@ from .config import Config
 from .errors import InvalidUsageError
 from .executor import CommExecutor
 from .progress_board import ProgressBoard
+from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
 from .transports.mpi import MPITransport
 from .transports.mpi_types import MPI_PREDEFINED
@@ -67,6 +68,7 @@ class ProcessGroup:
             from .fingerprint import FingerprintChecker
 
             self._fingerprints = FingerprintChecker(self)
+        free_at_exit(self)
 
     def __repr__(self) -> str:
         return f"<commlib.ProcessGroup {self.name!r} rank {self.rank} of {self.size}>"
@@ -199,6 +201,10 @@ class ProcessGroup:
                             gpu_transport=self.gpu_transport)
 
     def close(self) -> None:
+        """Finish the queued collectives, then free what the group holds, its communicator last.
+
+        Local (``MPI_Comm_free`` waits for no peer). Idempotent; runs at exit for open groups.
+        """
         self.executor.close()
         if self._gpu is not None:
             self._gpu.close()
@@ -207,6 +213,8 @@ class ProcessGroup:
             self._progress_slot = None
             self.progress.close()
             self.progress = None
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
 
     @property
     def seq(self) -> int:
