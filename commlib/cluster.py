@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from . import cluster_netns as netns
-from .cluster_state import (HOST_INTERFACE, STATE_DIR, ClusterError, describe,
+from .cluster_state import (HOST_INTERFACE, STATE_DIR, ClusterError, check_request, describe,
                             list_states, new_state, owner_alive, state_lock)
 
 __all__ = ["Cluster", "ClusterError", "ClusterTimeout", "unavailable_reason", "reap_stale",
@@ -96,6 +96,7 @@ class Cluster:
 
     def __init__(self, hosts: int = 2, *, rate: Optional[str] = None, name: Optional[str] = None,
                  persist: bool = False, owner_pid: Optional[int] = None):
+        check_request(hosts, rate=rate, name=name)
         reason = netns.unavailable_reason()
         if reason is not None:
             raise ClusterError(f"cannot make a cluster here: {reason}")

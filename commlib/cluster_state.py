@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 __all__ = ["ClusterError", "ClusterState", "HostState", "STATE_DIR", "new_state", "load_state",
-           "list_states", "owner_alive", "state_lock", "parse_rate"]
+           "list_states", "owner_alive", "state_lock", "parse_rate", "check_request"]
 
 STATE_DIR = Path("/tmp/commlib-clusters")
 # Our hosts' subnets come from here, one /24 per cluster, never one in use on this machine.
@@ -149,21 +149,24 @@ def parse_rate(rate: str) -> int:
     return bits
 
 
+def check_request(hosts: int, *, rate: Optional[str], name: Optional[str]) -> None:
+    """Raise ClusterError for a request that could never be made (before anything is touched)."""
+    if not 1 <= hosts <= 200:
+        raise ClusterError(f"{hosts} hosts: expected 1 to 200 (one /24 per cluster)")
+    if rate is not None:
+        parse_rate(rate)
+    if name is not None and not NAME_PATTERN.match(name):
+        raise ClusterError(f"cluster name {name!r}: expected 'cl' followed by 1-20 lowercase letters "
+                           f"or digits (every namespace made here starts with 'cl')")
+
+
 def new_state(hosts: int, *, rate: Optional[str], name: Optional[str], owner_pid: Optional[int]
               ) -> ClusterState:
     """Pick a name and a free subnet, and write the state file. Call under :func:`state_lock`."""
-    if hosts < 1:
-        raise ClusterError(f"a cluster needs at least 1 host, got {hosts}")
-    if hosts > 200:
-        raise ClusterError(f"{hosts} hosts: at most 200 (one /24 per cluster)")
-    if rate is not None:
-        parse_rate(rate)
+    check_request(hosts, rate=rate, name=name)
     taken = list_states()
     if name is None:
         name = "cl" + secrets.token_hex(4)
-    elif not NAME_PATTERN.match(name):
-        raise ClusterError(f"cluster name {name!r}: expected 'cl' followed by 1-20 lowercase letters "
-                           f"or digits (every namespace made here starts with 'cl')")
     if any(state.name == name for state in taken) or _namespaces_named(name):
         raise ClusterError(f"cluster name {name!r} is in use (a state file in {STATE_DIR} or a "
                            f"namespace {name}-*); pick another or run down --name {name}")
