@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import atexit
 import threading
+import weakref
 from typing import List
 
 __all__ = ["free_at_exit"]
 
 _lock = threading.Lock()
-_groups: List = []  # strong references: a group dropped without close() is still freed at exit
+_groups: List[weakref.ref] = []  # oldest first
 _installed = False
 
 
@@ -38,15 +39,25 @@ def free_at_exit(group) -> None:
     """Close ``group`` (a :class:`commlib.ProcessGroup`) at interpreter exit, before MPI finalizes.
 
     Call right after creating the group's communicator (``mpi4py.MPI`` is imported by then, so
-    this handler runs before mpi4py's finalize).
+    this handler runs before mpi4py's finalize). A group garbage-collected before exit without
+    ``close()`` has its communicator freed then.
     """
     global _installed
     with _lock:
-        _groups[:] = [g for g in _groups if not _is_closed(g)]
-        _groups.append(group)
+        _groups[:] = [ref for ref in _groups if ref() is not None]
+        _groups.append(weakref.ref(group))
         if not _installed:
             atexit.register(_close_groups_at_exit)
             _installed = True
+    freed_when_collected = weakref.finalize(group, _free_communicator, group.comm)
+    freed_when_collected.atexit = False  # at exit, _close_groups_at_exit handles live groups
+
+
+def _free_communicator(comm) -> None:
+    from mpi4py import MPI
+
+    if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        comm.Free()
 
 
 def _is_closed(group) -> bool:
@@ -59,7 +70,7 @@ def _close_groups_at_exit() -> None:
     from mpi4py import MPI
 
     with _lock:
-        groups = list(reversed(_groups))
+        groups = [group for group in (ref() for ref in reversed(_groups)) if group is not None]
         _groups.clear()
     if MPI.Is_finalized():
         return
