@@ -20,7 +20,8 @@ memory). Ranks of one host still share memory, as on a real cluster.
 
 A cluster made from Python belongs to its process: removed on ``down()``, at the end of the
 ``with`` block, at exit, on SIGTERM/SIGHUP; one whose owner was killed outright is removed by
-the next ``up``. See :mod:`commlib.cluster_netns` (the plumbing) and
+the next ``up``. One made by the CLI's ``up`` is kept until ``down`` (or, with ``--owner PID``,
+until a later ``up`` finds PID gone). See :mod:`commlib.cluster_netns` (the plumbing) and
 :mod:`commlib.cluster_state` (names, subnets, state files).
 """
 
@@ -91,11 +92,12 @@ class Cluster:
     Created at once (after removing clusters of dead owners). ``rate`` (tc units: ``"1gbit"``,
     ``"100mbit"``) limits every host's link in both directions. ``name`` (``cl`` + letters or
     digits; default random) names the namespaces ``NAME-h0``, ``NAME-h1``..., ``NAME-sw``.
-    ``persist``: no owner, kept until :meth:`down` (the CLI's ``up --persist``).
+    ``persist``: no owner, kept until :meth:`down` (as the CLI's ``up`` does); ``owner_pid``: the
+    process whose end makes it stale (default this one).
     """
 
     def __init__(self, hosts: int = 2, *, rate: Optional[str] = None, name: Optional[str] = None,
-                 persist: bool = False, owner_pid: Optional[int] = None):
+                 persist: bool = False, owner_pid: Optional[int] = None, origin: str = "api"):
         check_request(hosts, rate=rate, name=name)
         reason = netns.unavailable_reason()
         if reason is not None:
@@ -103,7 +105,7 @@ class Cluster:
         reap_stale()
         owner = None if persist else (owner_pid or os.getpid())
         with state_lock():
-            self.state = new_state(hosts, rate=rate, name=name, owner_pid=owner)
+            self.state = new_state(hosts, rate=rate, name=name, owner_pid=owner, origin=origin)
         if owner == os.getpid():
             _own(self)
         try:
@@ -114,16 +116,19 @@ class Cluster:
 
     @classmethod
     def attach(cls, name: Optional[str] = None) -> "Cluster":
-        """An existing cluster by name (or the only one there is), e.g. one made by the CLI."""
+        """An existing cluster by ``name``; without one, the only cluster made by the CLI's
+        ``up`` (never one a program made for itself)."""
         states = list_states()
         if name is not None:
-            states = [state for state in states if state.name == name]
-        if len(states) != 1:
-            found = ", ".join(state.name for state in list_states()) or "none"
+            chosen = [state for state in states if state.name == name]
+        else:
+            chosen = [state for state in states if state.origin == "cli"]
+        if len(chosen) != 1:
+            found = ", ".join(f"{state.name} ({state.origin})" for state in states) or "none"
             raise ClusterError(f"no cluster named {name!r} (clusters: {found})" if name else
-                               f"which cluster? --name one of: {found}")
+                               f"which cluster? give --name (clusters on this machine: {found})")
         cluster = cls.__new__(cls)
-        cluster.state = states[0]
+        cluster.state = chosen[0]
         return cluster
 
     @property
@@ -263,9 +268,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     up.add_argument("hosts", type=int)
     up.add_argument("--rate", help="limit every host's link, both directions (tc units: 1gbit, 100mbit)")
     up.add_argument("--name", help="the cluster's name: 'cl' + letters/digits (default random)")
-    up.add_argument("--persist", action="store_true",
-                    help="keep it until down (default: it belongs to the calling shell, and a later "
-                         "up removes it once that shell has exited)")
+    up.add_argument("--owner", type=int, metavar="PID",
+                    help="remove it (at a later up) once process PID has exited, e.g. --owner $$ "
+                         "in a script; default: kept until down")
     run = commands.add_parser("run", help="mpiexec across the hosts: run [options] -- CMD...")
     run.add_argument("--name")
     run.add_argument("-n", type=int, required=True, dest="nprocs")
@@ -279,7 +284,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     on.add_argument("--name")
     on.add_argument("host")
     on.add_argument("cmd", nargs=argparse.REMAINDER)
-    down = commands.add_parser("down", help="remove a cluster (idempotent)")
+    down = commands.add_parser("down", help="remove a cluster (idempotent with --name)")
     down.add_argument("--name")
     commands.add_parser("list", help="the clusters on this machine")
     args = parser.parse_args(argv)
@@ -295,9 +300,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _command(args, parser) -> int:
     if args.command == "up":
-        # Owned by the shell that ran us (scripts/cluster.sh execs Python, so that is its caller).
-        cluster = Cluster(args.hosts, rate=args.rate, name=args.name, persist=args.persist,
-                          owner_pid=None if args.persist else os.getppid())
+        cluster = Cluster(args.hosts, rate=args.rate, name=args.name, persist=args.owner is None,
+                          owner_pid=args.owner, origin="cli")
         print(cluster.name)
         for host in cluster.state.hosts:
             print(f"  {host.hostname}  {host.address}", file=sys.stderr)

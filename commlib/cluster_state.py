@@ -56,6 +56,7 @@ class ClusterState:
     owner_pid: Optional[int]     # None: kept until ``down`` (never reaped)
     owner_start: Optional[str]   # the owner's start time (/proc/PID/stat), against pid reuse
     launcher: str                # the script hydra runs instead of ssh
+    origin: str = "api"          # "cli": made by ``python -m commlib.cluster up``
 
     @property
     def path(self) -> Path:
@@ -160,8 +161,8 @@ def check_request(hosts: int, *, rate: Optional[str], name: Optional[str]) -> No
                            f"or digits (every namespace made here starts with 'cl')")
 
 
-def new_state(hosts: int, *, rate: Optional[str], name: Optional[str], owner_pid: Optional[int]
-              ) -> ClusterState:
+def new_state(hosts: int, *, rate: Optional[str], name: Optional[str], owner_pid: Optional[int],
+              origin: str = "api") -> ClusterState:
     """Pick a name and a free subnet, and write the state file. Call under :func:`state_lock`."""
     check_request(hosts, rate=rate, name=name)
     taken = list_states()
@@ -179,7 +180,7 @@ def new_state(hosts: int, *, rate: Optional[str], name: Optional[str], owner_pid
         name=name, subnet=str(subnet), switch=f"{name}-sw",
         hosts=[HostState(f"{name}-h{i}", str(addresses[i]), f"h{i}") for i in range(hosts)],
         rate=rate, owner_pid=owner_pid, owner_start=owner_start,
-        launcher=str(STATE_DIR / f"{name}.launch"))
+        launcher=str(STATE_DIR / f"{name}.launch"), origin=origin)
     state.save()
     return state
 

@@ -4,7 +4,6 @@
 #   bash scripts/cluster.sh up 2 --rate 1gbit
 #   bash scripts/cluster.sh run -n 4 -ppn 2 -- .venv/bin/python mpi_examples/train_digits.py
 #   bash scripts/cluster.sh down
-# `exec` keeps the caller's shell as the parent: `up` makes that shell the cluster's owner.
 root=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 exec "$root/.venv/bin/python" -m commlib.cluster "$@"
