@@ -75,9 +75,13 @@ def reap_stale() -> List[str]:
     reaped = []
     with state_lock():
         for state in list_states():
-            if not owner_alive(state):
+            if owner_alive(state):
+                continue
+            try:
                 netns.tear_down(state)
                 reaped.append(state.name)
+            except ClusterError as error:  # someone else's leftovers must not stop this up
+                sys.stderr.write(f"commlib.cluster: reaping a stale cluster: {error}\n")
     return reaped
 
 

@@ -132,13 +132,13 @@ def tear_down(state: ClusterState) -> None:
             deleted = command(["ip", "netns", "del", namespace], "down", check=False)
             if deleted.returncode != 0 and namespace_exists(namespace):
                 failures.append(f"{namespace}: {deleted.stderr.strip()}")
+    if failures:  # the state file stays, so a later down (or up's reaping) tries again
+        raise ClusterError(f"cluster {state.name}: could not delete namespace(s): {'; '.join(failures)}")
     for path in (Path(state.launcher), state.path):
         try:
             path.unlink()
         except FileNotFoundError:
             pass
-    if failures:
-        raise ClusterError(f"cluster {state.name}: could not delete namespace(s): {'; '.join(failures)}")
 
 
 def host_argv(state: ClusterState, hostname: str, argv: Sequence[str]) -> List[str]:
