@@ -21,6 +21,7 @@ from .config import Config
 from .errors import InvalidUsageError
 from .executor import CommExecutor
 from .progress_board import ProgressBoard
+from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
 from .transports.mpi import MPITransport, raise_timeout
 from .transports.mpi_types import MPI_PREDEFINED
@@ -68,6 +69,7 @@ class ProcessGroup:
             from .fingerprint import FingerprintChecker
 
             self._fingerprints = FingerprintChecker(self)
+        free_at_exit(self)
 
     def __repr__(self) -> str:
         return f"<commlib.ProcessGroup {self.name!r} rank {self.rank} of {self.size}>"
@@ -226,6 +228,10 @@ class ProcessGroup:
             raise InvalidUsageError(f"new_group: every rank of {self!r} must pass the same ranks; got {shown}")
 
     def close(self) -> None:
+        """Finish the queued collectives, then free what the group holds, its communicator last.
+
+        Local (``MPI_Comm_free`` waits for no peer). Idempotent; runs at exit for open groups.
+        """
         self.executor.close()
         if self._gpu is not None:
             self._gpu.close()
@@ -234,6 +240,8 @@ class ProcessGroup:
             self._progress_slot = None
             self.progress.close()
             self.progress = None
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
 
     @property
     def seq(self) -> int:
