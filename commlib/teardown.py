@@ -17,7 +17,7 @@ exits early still exits at once, and its peers' timeouts name it ("its process e
 At exit, for every group still open, newest first: mark this rank exited on the group's progress
 board (first, for all groups, so peers see it as early as possible), then close the group, which
 frees its communicator. A group with a collective still in flight (its communication thread may
-be inside MPI with that communicator) is left as it is: freeing the communicator under a running
+be inside MPI with that communicator), or that failed, is left as it is: freeing the communicator under a running
 call would be erroneous, and a communicator left allocated does not disturb ``MPI_Finalize``.
 """
 
@@ -79,7 +79,9 @@ def _close_groups_at_exit() -> None:
         if board is not None:
             board.mark_exited()
     for group in groups:
-        if _is_closed(group) or group.executor.pending():
+        # A failed group may have a call stuck in MPI on its communicator (a split left behind
+        # at its deadline): freeing it under that call would be erroneous. Leaving it is harmless.
+        if _is_closed(group) or group.executor.pending() or group.executor.first_error is not None:
             continue
         try:
             group.close()
