@@ -5,6 +5,7 @@ Quick tour::
     import commlib
     pg = commlib.init()                      # under mpiexec
     pg.allreduce(array)                      # in place, sum
+    grads = pg.alloc(1 << 20)                # symmetric: allreduce reads the peers' memory in place
     work = pg.allreduce(array, commlib.ReduceOp.AVG, algorithm="ring", async_op=True)
     work.wait()
 
@@ -18,14 +19,14 @@ from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, Group
                      InvalidUsageError)
 from .group import ProcessGroup
 from .ops import ReduceOp
-from .runtime import init, is_initialized, shutdown, world
+from .runtime import empty, init, is_initialized, shutdown, world
 from .transport import Pending, Transport
 from .work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "world", "is_initialized", "shutdown", "algorithms", "register_algorithm",
+    "init", "world", "is_initialized", "shutdown", "empty", "algorithms", "register_algorithm",
     "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Config", "load_config",
     "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",
     "GroupAbortedError",

@@ -22,7 +22,8 @@ function must agree with the table.
 
 from __future__ import annotations
 
-__all__ = ["choose_allreduce", "native_threshold", "world_class"]
+__all__ = ["choose_allreduce", "native_threshold", "world_class", "choose_shared_memory_allreduce",
+           "shared_memory_inline_bytes"]
 
 MiB = 1 << 20
 INF = float("inf")
@@ -58,6 +59,38 @@ def native_threshold(world_size: int, override=None) -> int:
     bound = -1
     for upper, name in _TABLE[world_class(world_size)]:
         if name != "native":
+            break
+        bound = upper
+    return bound
+
+
+# Groups whose ranks all share one host (and shared memory is on): (largest message, algorithm)
+# rows per world-size class, as above; None means "the MPI table decides". Measured with
+# ``python -m commlib.bench`` (see the README's shared-memory table).
+_SHARED_MEMORY_TABLE = {
+    "2": ((64 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
+    "pow2": ((64 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
+    "other": ((64 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
+}
+
+
+def choose_shared_memory_allreduce(nbytes: int, world_size: int):
+    """The shared-memory algorithm ``"auto"`` means on a one-host group, or None."""
+    if world_size == 1:
+        return None
+    for bound, name in _SHARED_MEMORY_TABLE[world_class(world_size)]:
+        if nbytes <= bound:
+            return name
+    return None
+
+
+def shared_memory_inline_bytes(world_size: int) -> int:
+    """Largest message for which ``"auto"`` means ``shm_oneshot`` on a one-host group (-1: never)."""
+    if world_size == 1:
+        return -1
+    bound = -1
+    for upper, name in _SHARED_MEMORY_TABLE[world_class(world_size)]:
+        if name != "shm_oneshot":
             break
         bound = upper
     return bound

@@ -4,6 +4,7 @@ Run::
 
     mpiexec -n 4 python -m commlib.bench                      # 8 B .. 64 MiB, every algorithm
     mpiexec -n 2 python -m commlib.bench -b 1M -e 64M -f 4 -a ring,rabenseifner --json out.json
+    mpiexec -n 2 python -m commlib.bench -a native,ring,shm_oneshot,shm_twoshot,auto --symmetric
 
 For each size it first times ``MPI_Allreduce`` in place, called directly through mpi4py (not
 through commlib), then each commlib algorithm through ``ProcessGroup.allreduce``. Every timed
@@ -64,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("-s", "--segment-bytes", type=parse_size, default=None,
                         help="pipeline segment size for ring/tree/rabenseifner (default: commlib's config)")
     parser.add_argument("--no-baseline", action="store_true", help=f"skip the {BASELINE} rows")
+    parser.add_argument("--symmetric", action="store_true",
+                        help="also time every algorithm on a symmetric buffer (pg.alloc: shared memory, "
+                             "read in place by the shm_* algorithms), rows named ALGORITHM@sym")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON (rank 0)")
     args = parser.parse_args(argv)
     if args.min_bytes < 1 or args.max_bytes < args.min_bytes:
@@ -182,10 +186,14 @@ def main(argv=None) -> int:
         pristine = rank_input(rank, count, dtype, args.op)
         expected = expected_result(size, count, dtype, args.op)
         buf = np.empty_like(pristine)
-        contenders = ([(BASELINE, baseline)] if baseline is not None else []) + [
-            (name, lambda b, name=name: pg.allreduce(b, op, algorithm=name)) for name in algorithms]
+        contenders = ([(BASELINE, baseline, buf)] if baseline is not None else []) + [
+            (name, lambda b, name=name: pg.allreduce(b, op, algorithm=name), buf) for name in algorithms]
+        if args.symmetric:
+            symmetric = pg.alloc(count, dtype)
+            contenders += [(f"{name}@sym", lambda b, name=name: pg.allreduce(b, op, algorithm=name), symmetric)
+                           for name in algorithms]
         baseline_time = None
-        for name, run in contenders:
+        for name, run, buf in contenders:
             seconds = time_rows(comm, run, buf, pristine, args.iters, args.warmup)
             wrong = comm.allreduce(int(np.count_nonzero(buf != expected)))
             if name == BASELINE:

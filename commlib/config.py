@@ -11,6 +11,10 @@ variable                    meaning                                             
                             share a GPU; bytes go through host memory and MPI)
 ``COMMLIB_CRASH_WITNESS``   ``0``: no per-host witness process naming a rank killed    ``1``
                             by a signal (see :mod:`commlib.crash_witness`)
+``COMMLIB_SHM``             ``0``: no shared memory between the ranks of a host (no     ``1``
+                            symmetric buffers, no ``shm_*`` algorithms: MPI only)
+``COMMLIB_SHM_HEAP_BYTES``  address space per rank for symmetric buffers (sparse:     ``8 GiB``
+                            memory is used only for what is allocated)
 ==========================  ========================================================  =========
 
 Tests change behaviour through arguments (``commlib.init(debug=True)``, ``segment_bytes=``),
@@ -76,6 +80,8 @@ class Config:
     segment_bytes: int = 1 << 20
     gpu_transport: str = "nccl"
     crash_witness: bool = True
+    shm: bool = True
+    shm_heap_bytes: int = 8 << 30
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
@@ -93,6 +99,10 @@ class Config:
                                                     GPU_TRANSPORTS)
         if "COMMLIB_CRASH_WITNESS" in environ:
             values["crash_witness"] = _parse_bool("COMMLIB_CRASH_WITNESS", environ["COMMLIB_CRASH_WITNESS"])
+        if "COMMLIB_SHM" in environ:
+            values["shm"] = _parse_bool("COMMLIB_SHM", environ["COMMLIB_SHM"])
+        if "COMMLIB_SHM_HEAP_BYTES" in environ:
+            values["shm_heap_bytes"] = _parse_int("COMMLIB_SHM_HEAP_BYTES", environ["COMMLIB_SHM_HEAP_BYTES"], 0)
         return cls(**values)
 
 

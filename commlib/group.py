@@ -16,10 +16,13 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms as _algorithms
-from .auto import choose_allreduce, native_threshold
+from .auto import (choose_allreduce, choose_shared_memory_allreduce, native_threshold,
+                   shared_memory_inline_bytes)
 from .config import Config
 from .errors import InvalidUsageError
 from .executor import CommExecutor
+from .group_shared_memory import SharedMemoryMethods
+from .host_memory import open_host_memory
 from .progress_board import ProgressBoard
 from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
@@ -38,7 +41,7 @@ _MAX = ReduceOp.MAX
 INLINE_SPINS = 16
 
 
-class ProcessGroup:
+class ProcessGroup(SharedMemoryMethods):
     def __init__(self, comm: MPI.Comm, *, timeout: float, config: Config, debug: bool = False,
                  name: str = "world", segment_bytes: Optional[int] = None, device=None,
                  gpu_transport: Optional[str] = None):
@@ -56,6 +59,12 @@ class ProcessGroup:
         self.progress = ProgressBoard(comm) if self.size > 1 else None
         self.transport.progress_board = self.progress
         self._progress_slot = self.progress.mine_slot if self.progress is not None else None
+        # This group's shared memory on its host (symmetric buffers; shm_* algorithms when the
+        # whole group is on one host). See commlib/host_memory.py.
+        self.host_memory = (open_host_memory(comm, heap_bytes=config.shm_heap_bytes, p2p=self.transport,
+                                             progress_board=self.progress) if config.shm else None)
+        self._shm = (self.host_memory.transport if self.host_memory is not None
+                     and self.host_memory.single_host and self.size > 1 else None)
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
         self._seq = 0
         self._gpu = None
@@ -65,6 +74,13 @@ class ProcessGroup:
         # general machinery (see _native_allreduce_inline).
         self._small_fast_path_ok = not self.debug
         self._auto_native_bytes = native_threshold(self.size, config.algorithm_override)
+        self._shm_inline_bytes = -1
+        if self._shm is not None and not config.algorithm_override and self._small_fast_path_ok:
+            # Small messages on one host: counters in shared memory, no MPI call (see
+            # _shm_allreduce_inline); the MPI fast path is left for what "auto" still sends to MPI.
+            self._shm_inline_bytes = shared_memory_inline_bytes(self.size)
+            self._auto_native_bytes = -1
+            self._shm.inline_timeout = self.timeout
         if self.debug:
             from .fingerprint import FingerprintChecker
 
@@ -76,6 +92,9 @@ class ProcessGroup:
 
     # -- the collectives -----------------------------------------------------------------------
     def allreduce(self, buf, op=_SUM, *, algorithm: str = "auto", async_op: bool = False):
+        if (buf.__class__ is np.ndarray and buf.nbytes <= self._shm_inline_bytes and not async_op
+                and (algorithm == "auto" or algorithm == "shm_oneshot") and self._shm_allreduce_inline(buf, op)):
+            return None
         if (not async_op and buf.__class__ is np.ndarray and self._small_fast_path_ok
                 and (algorithm == "native" or (algorithm == "auto" and buf.nbytes <= self._auto_native_bytes))
                 and self._native_allreduce_inline(buf, op)):
@@ -87,12 +106,14 @@ class ProcessGroup:
         name = self.resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray)
         fn = _algorithms.get_algorithm(name)
         size, segment_bytes = self.size, self.segment_bytes
-        combine = _SUM if op is _AVG else op
+        shared = self._shared_memory_for(name, buf) if getattr(fn, "requires_shared_memory", False) else None
+        folds_average = op is _AVG and size > 1 and getattr(fn, "folds_average", False)
+        combine = op if folds_average else (_SUM if op is _AVG else op)
 
         def run(transport):
             if size > 1:
-                fn(transport, flat, combine, segment_bytes=segment_bytes)
-            if op is _AVG:
+                fn(shared or transport, flat, combine, segment_bytes=segment_bytes)
+            if op is _AVG and not folds_average:
                 flat[...] /= size  # in place: flat is a view of buf
 
         return self._issue("allreduce", run, flat.nbytes, async_op, buf, name,
@@ -235,6 +256,9 @@ class ProcessGroup:
         self.executor.close()
         if self._gpu is not None:
             self._gpu.close()
+        if self.host_memory is not None:
+            self._shm = None
+            self.host_memory.close()
         self.transport.close()
         if self.progress is not None:
             self._progress_slot = None
@@ -256,6 +280,10 @@ class ProcessGroup:
                 return override
             if on_gpu:  # NCCL's own allreduce beats a Python schedule over NCCL send/recv
                 return "native"
+            if self._shm is not None:
+                shared = choose_shared_memory_allreduce(nbytes, self.size)
+                if shared is not None:
+                    return shared
             return choose_allreduce(nbytes, self.size, _algorithms._REGISTRY)
         if algorithm.__class__ is not str:
             raise InvalidUsageError(f"allreduce: algorithm must be a str, got {algorithm!r}")

@@ -13,25 +13,23 @@ The board is an ordinary shared file mapping, not an MPI window: ``MPI_Win_free`
 resource busy", exit 15 on every rank). A mapping is released by each rank alone, at any time,
 and stays readable to the peers after its writer exited, so "its process exited" (written at
 exit) is still seen. The file is unlinked as soon as every rank of the node has mapped it: a rank
-killed later leaves nothing behind.
+killed later leaves nothing behind (:mod:`commlib.shared_memory`).
 """
 
 from __future__ import annotations
 
 import mmap
-import os
-import secrets
-import sys
-import tempfile
 from typing import List, Optional
 
 import numpy as np
 from mpi4py import MPI
 
+from .shared_memory import map_host_files
+
 __all__ = ["ProgressBoard", "COLLECTIVE_CODES"]
 
 COLLECTIVE_CODES = {"allreduce": 1, "broadcast": 2, "reduce": 3, "allgather": 4,
-                    "reduce_scatter": 5, "barrier": 6, "new_group": 7}
+                    "reduce_scatter": 5, "barrier": 6, "new_group": 7, "alloc": 20}
 EXITED_CODE = 255  # written at interpreter exit, so peers can tell "exited" from "slow"
 _NAMES = {code: name for name, code in COLLECTIVE_CODES.items()}
 _CODE_BITS = 8
@@ -119,49 +117,12 @@ class ProgressBoard:
                 pass
 
 
-def _board_directory() -> str:
-    """Node-local memory when there is such a file system (Linux), else the temporary directory."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
 def _map_shared_board(node_comm: MPI.Comm) -> Optional[mmap.mmap]:
-    """Collective over ``node_comm``: one 8-byte slot per node rank, mapped by every node rank.
+    """Collective over ``node_comm``: one 8-byte slot per node rank, in one file of the first rank.
 
     None on every node rank when any of them could not map it (the board then knows no peer).
     """
-    node_rank, node_size = node_comm.Get_rank(), node_comm.Get_size()
-    path, error = None, None
-    if node_rank == 0:
-        path = os.path.join(_board_directory(), f"commlib-board-{os.getpid()}-{secrets.token_hex(6)}")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.ftruncate(fd, _SLOT_BYTES * node_size)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            path, error = None, exc
-    path = node_comm.bcast(path, root=0)
-    mapping = None
-    if path is not None:
-        try:
-            fd = os.open(path, os.O_RDWR)
-            try:
-                mapping = mmap.mmap(fd, _SLOT_BYTES * node_size)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            error = exc
-    everyone_mapped = node_comm.allreduce(mapping is not None, op=MPI.LAND)  # also: all have opened it
-    if node_rank == 0 and path is not None:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    if error is not None:
-        sys.stderr.write(f"commlib: rank {MPI.COMM_WORLD.Get_rank()}: no shared progress board "
-                         f"({error}); timeouts will not name the peers on this host\n")
-    if not everyone_mapped and mapping is not None:
-        mapping.close()
-        mapping = None
-    return mapping
+    node_size = node_comm.Get_size()
+    files = map_host_files(node_comm, _SLOT_BYTES * node_size if node_comm.Get_rank() == 0 else 0,
+                           kind="board", peers_writable=True)
+    return None if files is None else files.mappings[0]

@@ -12,7 +12,7 @@ from .errors import CommTimeoutError, InvalidUsageError
 from .group import ProcessGroup
 from .validation import check_timeout
 
-__all__ = ["init", "world", "is_initialized", "shutdown"]
+__all__ = ["init", "world", "is_initialized", "shutdown", "empty"]
 
 _lock = threading.Lock()
 _world: Optional[ProcessGroup] = None
@@ -110,6 +110,11 @@ def world() -> ProcessGroup:
     if _world is None:
         raise InvalidUsageError("commlib.world(): call commlib.init() first")
     return _world
+
+
+def empty(shape, dtype="float32", group: Optional[ProcessGroup] = None):
+    """A symmetric buffer of ``group`` (default: the world group): ``group.alloc(shape, dtype)``."""
+    return (group if group is not None else world()).alloc(shape, dtype)
 
 
 def is_initialized() -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import time
 from typing import Sequence, Tuple
 
 from .ops import ReduceOp, reduce_into, reduce_ordered
@@ -43,6 +44,12 @@ class CollectiveContext:
     deadline: float = float("inf")
     timeout: float = float("inf")
     step: str = ""
+
+    def set(self, collective: str, seq: int, algorithm: str, nbytes: int, timeout: float) -> None:
+        """A new collective starts now (the deadline counts from here)."""
+        self.collective, self.seq, self.algorithm, self.nbytes, self.step = collective, seq, algorithm, nbytes, ""
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
 
     def describe(self) -> str:
         algo = f", {self.algorithm}" if self.algorithm else ""
@@ -78,6 +85,7 @@ class Transport(abc.ABC):
     def __init__(self) -> None:
         self.context = CollectiveContext()
         self._scratch = {}
+        self.memo = {}  # what an algorithm derives once per transport (views, plans), by its own keys
 
     # -- moving bytes -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -118,6 +126,7 @@ class Transport(abc.ABC):
 
     def release_scratch(self) -> None:
         self._scratch.clear()
+        self.memo.clear()
 
     def step(self, label: str) -> None:
         """Name the current step of the schedule, for error messages."""

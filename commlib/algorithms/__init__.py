@@ -2,9 +2,15 @@
 
 An allreduce algorithm is a function ``fn(transport, buf, op, *, segment_bytes) -> None`` that
 reduces the flat 1-D array ``buf`` in place across ``transport.size`` ranks with the element-wise
-``op`` (``ReduceOp.AVG`` never reaches it: the group divides after a SUM). It must work for every
-world size 1..N, any ``buf.size`` (0 and sizes below the world size included), and leave the same
-bytes on every rank. It talks only to the :class:`commlib.transport.Transport` it is given.
+``op`` (``ReduceOp.AVG`` reaches it only if it says so, see below: the group divides after a
+SUM). It must work for every world size 1..N, any ``buf.size`` (0 and sizes below the world
+size included), and leave the same bytes on every rank. It talks only to the
+:class:`commlib.transport.Transport` it is given.
+
+Two optional attributes of the function: ``requires_shared_memory = True`` (it reads its peers'
+memory, so the group hands it its shared-memory transport, and only on a group within one host)
+and ``folds_average = True`` (it takes ``ReduceOp.AVG`` itself, dividing while the data is in
+cache, instead of the group dividing afterwards).
 
 Register one from anywhere (a research script, a plugin)::
 
@@ -62,6 +68,9 @@ def _register_builtins() -> None:
         ("tree", "allreduce_tree", "tree"),
         ("recursive_doubling", "allreduce_recursive_doubling", "recursive_doubling"),
         ("rabenseifner", "allreduce_rabenseifner", "rabenseifner"),
+        # Direct reads of the peers' memory on one host (they need a shared-memory transport).
+        ("shm_oneshot", "allreduce_shm_oneshot", "shm_oneshot"),
+        ("shm_twoshot", "allreduce_shm_twoshot", "shm_twoshot"),
     ):
         try:
             module = __import__(f"{__name__}.{module_name}", fromlist=[fn_name])

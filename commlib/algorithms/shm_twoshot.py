@@ -1,0 +1,156 @@
+"""``shm_twoshot``: reduce-scatter, then allgather, both by reading peers' memory in place.
+
+Needs a transport with direct access to its peers' memory (the ranks of one host, see
+:mod:`commlib.transports.shm`). Terms: a **round** is one pass over at most a staging half's
+worth of the buffer (each round is a collective of its own: its own epoch); a round is cut into
+``P`` **slices**, rank ``r`` owning slice ``r``; a slice is cut into **chunks** of at most
+``min(segment_bytes, 256 KiB)``, small enough that a chunk and its partial result stay in cache.
+
+Where a rank's data is: a **symmetric** buffer (``ProcessGroup.alloc``) already lives in its
+segment and is offered in place (zero copy); a plain buffer's round is first copied to the
+rank's staging half, except its own slice, which only it reads.
+
+One round:
+
+1. *Arrive*: publish where the round's data is; wait until every rank has.
+2. *Reduce-scatter*: rank ``r`` reduces slice ``r`` chunk by chunk, its own contribution first,
+   then ranks ``r + 1, r + 2, ...`` (rotated, so the ranks read different peers at any moment),
+   into its own memory while the chunk is in cache (AVG divides it there), and publishes
+   PROGRESS after every chunk.
+3. *Allgather*: rank ``r`` copies slice ``j`` from rank ``j``, chunk by chunk as ``j``'s
+   PROGRESS covers it (peers in rotated order), in cache-sized pieces.
+4. *Depart*: publish DONE. A symmetric buffer waits, before returning, until every peer has
+   departed (the caller may write its buffer next); staging defers that wait to the staging
+   half's next use.
+
+Invariants: slice ``j`` is computed by rank ``j`` alone and copied by everyone else, so every
+rank ends with the same bytes. A rank writes peer-visible memory only where no peer reads any
+more: its own slice, which peers read only after PROGRESS covers it, and the other slices, which
+rank ``j`` has read (in step 2) before its PROGRESS covered them.
+
+Cost per rank for ``n`` bytes: 2 synchronisations per round plus one counter per chunk,
+``(P-1)/P n`` read in each phase and ``n`` written: bandwidth-optimal like the ring, without any
+message and without the ring's receive copies. A plain buffer adds one staging copy of
+``(P-1)/P n`` and one of ``n/P`` (at 64 MiB and P = 2 that made it slower than the ring: see
+the README).
+
+``slice_hook`` (for a hierarchical allreduce): called with each round's reduced slice of this
+rank (an array in this rank's memory) before anyone may copy it, e.g. to allreduce it with the
+ranks of other hosts in place; the allgather then spreads the hook's result.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+from ..ops import ReduceOp, ufunc_name
+from ..transports.shm import kind_code
+from .partition import Span, split_bounds
+
+__all__ = ["allreduce_shm_twoshot", "round_slices", "chunk_spans", "reduce_order", "gather_order",
+           "CHUNK_BYTES"]
+
+# Measured (P=2, 64 MiB, both ranks on the 2 cores, L2 1 MiB per core, L3 32 MiB shared): the
+# reduce-scatter of a 32 MiB slice took 1.63 ms in one call, 1.78 ms in 256 KiB chunks (the
+# Python per chunk), 1.66-1.69 ms in 1-4 MiB chunks; the allgather's copy of 32 MiB took 2.5 ms
+# in one call (glibc's non-temporal path for large copies), 1.7 ms in 256 KiB pieces, 2.0 ms in
+# 64 KiB pieces. With P > 2 a chunk is combined P - 1 times and should stay in L2. Copying each
+# peer chunk right after it was published (while in the shared cache) was no faster: 3.72 ms in
+# lock-step against 3.49 ms for the whole reduce-scatter, then the whole allgather.
+CHUNK_BYTES = 1 << 20
+CHUNK_BYTES_MANY = 512 << 10
+COPY_BYTES = 256 << 10
+
+
+def round_slices(count: int, size: int) -> List[Span]:
+    return split_bounds(0, count, size)
+
+
+def chunk_spans(span: Span, chunk_elems: int) -> List[Span]:
+    lo, hi = span
+    return [(start, min(start + chunk_elems, hi)) for start in range(lo, hi, chunk_elems)]
+
+
+def reduce_order(rank: int, size: int) -> List[int]:
+    """Whose contributions rank ``rank`` combines into its slice, in order: its own first."""
+    return [(rank + step) % size for step in range(size)]
+
+
+def gather_order(rank: int, size: int) -> List[int]:
+    """Whose slices rank ``rank`` copies, in order."""
+    return [(rank + step) % size for step in range(1, size)]
+
+
+def allreduce_shm_twoshot(transport, buf, op: ReduceOp, *, segment_bytes: int = CHUNK_BYTES,
+                          slice_hook: Optional[Callable[[object], None]] = None) -> None:
+    size, rank = transport.size, transport.rank
+    if size == 1 or buf.size == 0:
+        if slice_hook is not None and buf.size:
+            slice_hook(buf)
+        return
+    dtype = buf.dtype
+    itemsize = dtype.itemsize
+    combine = getattr(transport.xp, ufunc_name(op))  # AVG: a sum, divided per chunk
+    kind = kind_code(dtype, op)
+    total_bytes = buf.nbytes
+    chunk_elems = max(1, min(segment_bytes, CHUNK_BYTES if size == 2 else CHUNK_BYTES_MANY) // itemsize)
+    copy_elems = max(1, min(segment_bytes, COPY_BYTES) // itemsize)
+    round_elems = max(size, transport.layout.staging_bytes // itemsize)
+    in_place = transport.locate(buf)  # None: a plain buffer, staged
+    order = reduce_order(rank, size)
+    epoch = 0
+    for start in range(0, buf.size, round_elems):
+        piece = buf[start:start + round_elems]
+        epoch = transport.begin()
+        slices = round_slices(piece.size, size)
+        if in_place is not None:
+            offset, mine = in_place + start * itemsize, piece
+        else:
+            offset, staging = transport.claim_staging(epoch)
+            mine = staging[:piece.nbytes].view(dtype)
+            for peer in gather_order(rank, size):  # what the peers will read of this rank's data
+                lo, hi = slices[peer]
+                _copy(mine, piece, lo, hi, copy_elems)
+        transport.arrive(epoch, offset, piece.nbytes, kind, total_bytes)
+        data = transport.arrivals(epoch, piece.nbytes, kind, total_bytes, dtype)
+
+        chunks = chunk_spans(slices[rank], chunk_elems)
+        for index, (lo, hi) in enumerate(chunks):
+            out = mine[lo:hi]
+            # This rank's own contribution first, wherever it lives (in place: out itself).
+            combine(piece[lo:hi], data[order[1]][lo:hi], out=out)
+            for peer in order[2:]:
+                combine(out, data[peer][lo:hi], out=out)
+            if op is ReduceOp.AVG:
+                out /= size
+            if slice_hook is None:
+                if in_place is None:
+                    _copy(piece, mine, lo, hi, copy_elems)
+                transport.publish_progress(epoch, index + 1)
+        if slice_hook is not None:
+            lo, hi = slices[rank]
+            slice_hook(mine[lo:hi])
+            if in_place is None:
+                _copy(piece, mine, lo, hi, copy_elems)
+            transport.publish_progress(epoch, len(chunks))
+        for peer in gather_order(rank, size):
+            source = data[peer]
+            spans = chunk_spans(slices[peer], chunk_elems)
+            for index, (lo, hi) in enumerate(spans):
+                transport.wait_progress(peer, epoch, index + 1 if slice_hook is None else len(spans))
+                _copy(piece, source, lo, hi, copy_elems)
+        transport.depart()
+    if in_place is not None:
+        transport.wait_departed(epoch)
+
+
+def _copy(destination, source, lo: int, hi: int, copy_elems: int) -> None:
+    """``destination[lo:hi] = source[lo:hi]`` in cache-sized pieces (a single large copy takes
+    glibc's non-temporal path, which was 1.5x slower here)."""
+    for start in range(lo, hi, copy_elems):
+        stop = min(start + copy_elems, hi)
+        destination[start:stop] = source[start:stop]
+
+
+allreduce_shm_twoshot.requires_shared_memory = True
+allreduce_shm_twoshot.folds_average = True

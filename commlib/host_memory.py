@@ -1,0 +1,168 @@
+"""A group's shared memory on its host: the segments, the symmetric heap, the transport over them.
+
+Created with the group (collective over the group's ranks on each host). What it gives:
+
+* ``transport``: a :class:`~commlib.transports.shm.SharedMemoryTransport` over the group's ranks
+  on this host. When the whole group is on this host (``single_host``), its point-to-point side
+  is the group's MPI transport and the shared-memory algorithms (``shm_oneshot``,
+  ``shm_twoshot``) run on it. A group spanning hosts keeps the segments (symmetric buffers are
+  still host memory, and a hierarchical allreduce can run its intra-host phases on them), but
+  the shared-memory algorithms refuse it: they would leave out the other hosts' ranks.
+* ``alloc(group, shape, dtype)``: a symmetric buffer (collective; see :mod:`.symmetric_heap`).
+
+Segment sizes (per rank; sparse, so memory is spent only on what is used): two slots of
+``SLOT_BYTES``, two staging halves of ``STAGING_BYTES``, and a heap of ``Config.shm_heap_bytes``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import CommError, InvalidUsageError
+from .ops import DTYPE_IS_FLOAT, SUPPORTED_DTYPE_NAMES, ReduceOp
+from .shared_memory import map_host_files, populate, release
+from .symmetric_heap import SymmetricHeap
+from .transport import format_bytes
+from .transports.shm import SegmentLayout, SharedMemoryTransport
+
+__all__ = ["HostMemory", "open_host_memory", "SLOT_BYTES", "STAGING_BYTES"]
+
+SLOT_BYTES = 256 << 10
+STAGING_BYTES = 16 << 20
+_DTYPE_NUMBERS = {dtype: number for number, dtype in enumerate(DTYPE_IS_FLOAT)}
+
+
+def open_host_memory(comm: MPI.Comm, *, heap_bytes: int, p2p, progress_board,
+                     slot_bytes: int = SLOT_BYTES, staging_bytes: int = STAGING_BYTES) -> Optional["HostMemory"]:
+    """Collective over ``comm``: this group's segments on every host, or None everywhere on failure."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    layout = SegmentLayout.create(slot_bytes, staging_bytes, heap_bytes)
+    host_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    try:
+        host_ranks = host_comm.allgather(rank)  # group rank of each host rank
+        files = map_host_files(host_comm, layout.total_bytes, kind="shm")
+    finally:
+        host_comm.Free()
+    everywhere = comm.allreduce(files is not None, op=MPI.LAND)
+    if not everywhere:
+        if files is not None:
+            for mapping in files.mappings:
+                mapping.close()
+        return None
+    single_host = len(host_ranks) == size
+    transport = SharedMemoryTransport(files.mappings, files.host_rank, layout,
+                                      p2p=p2p if single_host else None, pids=files.pids,
+                                      hostname=files.hostname, ranks=host_ranks,
+                                      progress_board=progress_board)
+    return HostMemory(transport, single_host, host_ranks)
+
+
+class HostMemory:
+    def __init__(self, transport: SharedMemoryTransport, single_host: bool, host_ranks):
+        self.transport = transport
+        self.single_host = single_host
+        self.host_ranks = list(host_ranks)
+        layout = transport.layout
+        self.heap = SymmetricHeap(layout.heap_start, layout.total_bytes)
+        self._own = transport.own_segment
+        self._closed = False
+
+    # -- symmetric buffers ---------------------------------------------------------------------
+    def alloc(self, group, shape, dtype):
+        """A symmetric buffer of ``shape`` and ``dtype`` (collective over ``group``)."""
+        shape, dtype, nbytes = _check_request(shape, dtype)
+        heap = self.heap
+        created = {}
+
+        def run(mpi_transport):
+            self._agree_on_request(group, mpi_transport, nbytes, dtype, shape)
+            serials = heap.live_serials()
+            if serials:
+                flags = np.array(heap.released_flags(serials), np.int8)
+                if group.size > 1:
+                    mpi_transport.native_allreduce(flags, ReduceOp.MIN)
+                heap.reclaim(serials, flags.tolist())
+            region = heap.place(nbytes)
+            if region is None:
+                raise InvalidUsageError(
+                    f"alloc: {format_bytes(nbytes)} do not fit in the symmetric heap of {group!r}: "
+                    f"{format_bytes(heap.free_bytes())} free (largest piece "
+                    f"{format_bytes(heap.largest_free())}) of COMMLIB_SHM_HEAP_BYTES="
+                    f"{self.transport.layout.heap_bytes}; free buffers (drop every reference) or "
+                    f"raise the limit")
+            error = None
+            try:
+                populate(self._own, region.offset, nbytes, write=True)
+            except OSError as exc:
+                error = exc
+            ok = np.array([0 if error else 1], np.int8)
+            if group.size > 1:
+                mpi_transport.native_allreduce(ok, ReduceOp.MIN)
+            if not ok[0]:
+                heap.undo(region)
+                release(self._own, region.offset, region.nbytes)
+                raise CommError(
+                    f"rank {group.rank}: alloc of {format_bytes(nbytes)}: "
+                    + (f"this rank could not get the memory ({error}); " if error else "")
+                    + "some rank of the group could not get the memory in /dev/shm (full?)")
+            for peer in range(self.transport.size):
+                if peer != self.transport.rank:
+                    populate(self.transport.segments[peer], region.offset, nbytes, write=False)
+            root = np.frombuffer(self._own, dtype=dtype, count=nbytes // dtype.itemsize, offset=region.offset)
+            weakref.finalize(root, self._release, region)
+            created["array"] = root.reshape(shape)
+
+        group._issue("alloc", run, nbytes, False, None, "symmetric", (dtype, shape, "", -1, ""))
+        return created["array"]
+
+    @staticmethod
+    def _agree_on_request(group, mpi_transport, nbytes: int, dtype, shape) -> None:
+        if group.size == 1:
+            return
+        mine = np.array([nbytes, _DTYPE_NUMBERS[dtype]], np.int64)
+        everyone = np.empty(2 * group.size, np.int64)
+        mpi_transport.native_allgather(everyone, mine)
+        requests = everyone.reshape(group.size, 2)
+        if (requests != mine).any():
+            names = list(DTYPE_IS_FLOAT)
+            shown = "; ".join(f"rank {r}: {format_bytes(int(b))} of {names[int(d)]}"
+                              for r, (b, d) in enumerate(requests))
+            raise InvalidUsageError(f"alloc: every rank of {group!r} must ask for the same bytes and "
+                                    f"dtype (this rank: {shape} {dtype}); got {shown}")
+
+    def _release(self, region) -> None:
+        self.heap.release(region.serial)
+        if not self._closed:
+            release(self._own, region.offset, region.nbytes)
+
+    def owns(self, array) -> bool:
+        """Whether ``array`` lives in this rank's segment (a symmetric buffer or a view of one)."""
+        return isinstance(array, np.ndarray) and self.transport.locate(array) is not None
+
+    def close(self) -> None:
+        self._closed = True
+        self.transport.close()
+
+
+def _check_request(shape, dtype):
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (int(shape),)
+    try:
+        shape = tuple(int(extent) for extent in shape)
+    except (TypeError, ValueError):
+        raise InvalidUsageError(f"alloc: shape must be an int or a tuple of ints, got {shape!r}") from None
+    if any(extent < 0 for extent in shape):
+        raise InvalidUsageError(f"alloc: shape {shape} has a negative extent")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise InvalidUsageError(f"alloc: {dtype!r} is not a dtype") from None
+    if dtype not in DTYPE_IS_FLOAT:
+        raise InvalidUsageError(f"alloc: unsupported dtype {dtype}; expected one of "
+                                f"{', '.join(SUPPORTED_DTYPE_NAMES)} (bfloat16 through ml_dtypes)")
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return shape, dtype, nbytes

@@ -1,0 +1,476 @@
+"""The shared-memory transport: the ranks of one host read each other's memory directly.
+
+Every rank owns one **segment** (a sparse file mapping, see :mod:`commlib.shared_memory`) that
+every other rank of the host maps read-only. A rank writes only its own segment; it reads its
+peers' in place, so data moves once, from the writer's pages into the reader's cache, instead of
+being copied into a message and out again. A segment holds, page-aligned:
+
+* the **control page**: per-rank counters on cache lines of their own (``ARRIVE`` with the
+  descriptor of the data this rank offers, ``PROGRESS``, ``DONE``);
+* two **slots** (small messages, alternating between collectives) and two **staging halves**
+  (larger plain buffers, chunked through them), both written only by their owner;
+* the **heap** of symmetric buffers (:mod:`commlib.symmetric_heap`): arrays allocated at the
+  same offset on every rank, which collectives read without any staging copy.
+
+Synchronisation is by counters, never by messages. Shared-memory collectives are numbered by an
+**epoch** that is the same on every rank (they run in the group's one order). A rank publishes
+its data, then the counter (``counter = epoch``); a reader waits for ``counter >= epoch`` and
+then reads the data. Memory ordering: the writer issues a full fence between the data and the
+counter (:func:`commlib.shared_memory.fence`): plain x86 stores become visible in program order,
+but the non-temporal and fast-string stores of a large ``memcpy`` (numpy's copies) need not.
+The reader needs one between seeing the counter and reading the data only where loads may pass
+older loads, i.e. not on x86 (``LOADS_IN_ORDER``); elsewhere the pair is an acquire/release.
+Counters are aligned 8-byte words written with one store, so a reader never sees half of one.
+
+Reuse without waiting: the slots and staging halves alternate by epoch parity, so an area is
+written again two epochs after its last use. By then every peer has finished reading it: each
+round waits until every peer has arrived at it, and a rank arrives at epoch ``k + 1`` only after
+departing from ``k``. Only a symmetric buffer, which its owner may write as soon as the
+collective returns, needs an explicit wait for the peers' departure.
+
+Waiting spins briefly, then yields the core (``sched_yield``: with more ranks than cores the
+peer needs this very core to make the progress we wait for), then sleeps with backoff. It has
+the group's deadline (``CommTimeoutError`` naming the peer, its counter and the progress board's
+laggards) and, while sleeping, checks that the peer process still exists (``CommError`` naming
+it, without waiting for the deadline).
+
+Everything else of the transport contract (``post``, the ``native_*`` collectives) goes to the
+point-to-point transport it was built over (MPI over the same ranks), if any.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, InvalidUsageError
+from ..ops import DTYPE_IS_FLOAT, ReduceOp, ufunc_name
+from ..shared_memory import PAGE_BYTES, fence, fence_lock
+from ..transport import Pending, Transfer, Transport, format_bytes
+
+__all__ = ["SharedMemoryTransport", "SegmentLayout", "kind_code"]
+
+# Control words (int64 indices into a segment's control page); one 64-byte line each.
+ARRIVE = 0          # epoch; descriptor at ARRIVE + 2 + 4 * (epoch & 1), see arrive()
+PROGRESS = 16       # (epoch << PROGRESS_BITS) | chunks of this rank's slice reduced so far
+DONE = 24           # epoch whose reads of peers' memory this rank has finished
+SLOT_SIGNAL = 32    # per slot parity p: [SLOT_SIGNAL + 2p] epoch, [SLOT_SIGNAL + 2p + 1] signature
+PROGRESS_BITS = 24
+CONTROL_BYTES = PAGE_BYTES
+
+# x86 (Intel and AMD) never reorders a load with an older load, so a reader that saw a counter
+# reads the data stored before it without a fence; other architectures need the reader's fence.
+LOADS_IN_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+SPIN_POLLS = 256            # ~5 us of polling before the first yield
+SLEEP_AFTER_SECONDS = 2e-3  # yielding this long turns into sleeping
+MAX_SLEEP_SECONDS = 2e-4
+LIVENESS_EVERY_SECONDS = 0.1
+
+_fence_acquire, _fence_release = fence_lock.acquire, fence_lock.release  # fence(), without a call
+_CHUNKS_MASK = (1 << PROGRESS_BITS) - 1
+_TOTAL_MASK = (1 << 44) - 1  # a slot signature: kind_code << 44 | the collective's total bytes
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(DTYPE_IS_FLOAT, start=1)}
+_OP_CODES = {op: code for code, op in enumerate(ReduceOp, start=1)}
+
+
+def kind_code(dtype, op: ReduceOp) -> int:
+    """One word naming a contribution's dtype and op, compared across ranks at arrival."""
+    return (_DTYPE_CODES[dtype] << 8) | _OP_CODES[op]
+
+
+def _describe_kind(code: int) -> str:
+    dtypes = {value: key for key, value in _DTYPE_CODES.items()}
+    ops = {value: key for key, value in _OP_CODES.items()}
+    dtype, op = dtypes.get(code >> 8), ops.get(code & 0xFF)
+    return f"{dtype if dtype is not None else '?'} {op.name if op is not None else '?'}"
+
+
+class SegmentLayout(NamedTuple):
+    """Byte offsets in every rank's segment (page-aligned)."""
+
+    slot_bytes: int      # each of the two small-message slots
+    staging_bytes: int   # each of the two staging halves
+    heap_bytes: int
+
+    @property
+    def slots_start(self) -> int:
+        return CONTROL_BYTES
+
+    @property
+    def staging_start(self) -> int:
+        return CONTROL_BYTES + 2 * self.slot_bytes
+
+    @property
+    def heap_start(self) -> int:
+        return self.staging_start + 2 * self.staging_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.heap_start + self.heap_bytes
+
+    @classmethod
+    def create(cls, slot_bytes: int, staging_bytes: int, heap_bytes: int) -> "SegmentLayout":
+        def pages(nbytes):
+            return max(PAGE_BYTES, -(-nbytes // PAGE_BYTES) * PAGE_BYTES)
+        return cls(pages(slot_bytes), pages(staging_bytes), -(-heap_bytes // PAGE_BYTES) * PAGE_BYTES)
+
+
+class SharedMemoryTransport(Transport):
+    """Direct access to the segments of ``len(segments)`` ranks of one host; this is ``rank``."""
+
+    xp = np
+    direct_access = True
+
+    def __init__(self, segments: Sequence, rank: int, layout: SegmentLayout, *, p2p: Optional[Transport] = None,
+                 pids: Optional[Sequence[int]] = None, hostname: str = "", ranks: Optional[Sequence[int]] = None,
+                 progress_board=None):
+        super().__init__()
+        self.rank, self.size = rank, len(segments)
+        self.layout = layout
+        self.p2p = p2p
+        if p2p is not None:
+            if (p2p.rank, p2p.size) != (self.rank, self.size):
+                raise ValueError(f"shared-memory transport: rank {rank} of {self.size} over a point-to-point "
+                                 f"transport of rank {p2p.rank} of {p2p.size}")
+            self.context = p2p.context  # one collective, one description in every error message
+        self.pids = list(pids) if pids is not None else [os.getpid()] * self.size
+        self.hostname = hostname
+        self.ranks = list(ranks) if ranks is not None else list(range(self.size))  # group rank of each
+        self.progress_board = progress_board
+        self.own_segment = segments[rank]
+        self.segments = list(segments)
+        self._controls = [memoryview(segment)[:CONTROL_BYTES].cast("q") for segment in segments]
+        self._own_control = self._controls[rank]
+        self._peer_controls = [(peer, control) for peer, control in enumerate(self._controls) if peer != rank]
+        own = np.frombuffer(self.own_segment, np.uint8)
+        self._own_bytes = own
+        self._own_address = own.ctypes.data
+        self._bytes = [own if peer == rank else np.frombuffer(segment, np.uint8)
+                       for peer, segment in enumerate(segments)]
+        start, slot = layout.slots_start, layout.slot_bytes
+        staging_start, half = layout.staging_start, layout.staging_bytes
+        # Areas this rank writes: 0, 1 the slots; 2, 3 the staging halves.
+        self._areas = [(start, slot), (start + slot, slot), (staging_start, half), (staging_start + half, half)]
+        self._area_arrays = [(offset, own[offset:offset + nbytes]) for offset, nbytes in self._areas]
+        self._epoch = 0
+        self._last_round = None
+        # A small allreduce issued inline (ProcessGroup._shm_allreduce_inline) records only its
+        # sequence number and size here; self.context is filled from them if it ever needs to
+        # wait long or fails (_current_context): ~0.2 us less per call.
+        self.inline_seq, self.inline_nbytes, self.inline_timeout = 0, 0, float("inf")
+        self._views: Dict[tuple, np.ndarray] = {}
+
+    # -- the epoch and the areas this rank writes -------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The last epoch begun."""
+        return self._epoch
+
+    def begin(self) -> int:
+        """Number the next shared-memory collective (every rank runs the same ones in the same order)."""
+        self._epoch += 1
+        return self._epoch
+
+    # -- small rounds through the slots (shm_oneshot) -------------------------------------------------
+    def slot_round(self, dtype, op: ReduceOp, count: int):
+        """The one-shot round for ``count`` elements of ``dtype`` and ``op``, as one function.
+
+        ``round(piece, total_bytes)``: copy ``piece`` into this rank's slot, signal, wait until
+        every rank signalled the same round, then combine all ``P`` slots in rank order into
+        ``piece`` (AVG: and divide). Built once per (dtype, op, count) and kept: a small
+        allreduce has a budget of about a microsecond of Python, and every call, attribute
+        lookup and view built on the way costs a tenth of one, so the round is one closure over
+        everything it touches (see :mod:`commlib.algorithms.shm_oneshot` for the schedule).
+        """
+        last = self._last_round
+        if last is not None and last[0] == count and last[1] is dtype and last[2] is op:
+            return last[3]
+        key = ("slot_round", count, dtype, op._value_)  # an Enum member's own hash runs Python code
+        compiled = self.memo.get(key)
+        if compiled is None:
+            if len(self.memo) > 256:
+                self.memo.clear()
+            compiled = self.memo[key] = self._compile_slot_round(dtype, op, count)
+        self._last_round = (count, dtype, op, compiled)
+        return compiled
+
+    def _compile_slot_round(self, dtype, op: ReduceOp, count: int):
+        nbytes = count * dtype.itemsize
+        if nbytes > self.layout.slot_bytes:
+            raise ValueError(f"slot round of {nbytes} bytes: slots hold {self.layout.slot_bytes}")
+        combine = getattr(self.xp, ufunc_name(op))
+        average = op is ReduceOp.AVG
+        size, transport = self.size, self
+        kind = kind_code(dtype, op) << 44
+        whole = kind | nbytes  # the signature when the round is the whole collective
+        peers = self._peer_controls
+        own = self._own_control
+        wait = self._wait
+        fence_acquire, fence_release, loads_in_order = _fence_acquire, _fence_release, LOADS_IN_ORDER
+        signals = (SLOT_SIGNAL, SLOT_SIGNAL + 2)
+        mine = [self._bytes[self.rank][offset:offset + nbytes].view(dtype) for offset, _ in self._areas[:2]]
+        everyone = [[self._bytes[peer][offset:offset + nbytes].view(dtype) for peer in range(size)]
+                    for offset, _ in self._areas[:2]]
+        first, second = zip(*(pair[:2] for pair in everyone))
+        rest = [pair[2:] for pair in everyone]
+
+        def slot_round(piece, total_bytes: int) -> None:
+            epoch = transport._epoch + 1
+            transport._epoch = epoch
+            parity = epoch & 1
+            mine[parity][...] = piece  # free to write: see "Reuse" in the module docstring
+            signal = signals[parity]
+            signature = whole if total_bytes == nbytes else kind | total_bytes
+            own[signal + 1] = signature
+            fence_acquire()
+            fence_release()
+            own[signal] = epoch
+            for peer, control in peers:
+                if control[signal] < epoch:
+                    wait(peer, signal, epoch, "arrive")
+                if not loads_in_order:  # read the signature after the signal
+                    fence()
+                if control[signal + 1] != signature:
+                    transport._mismatch(peer, control[signal + 1] & _TOTAL_MASK, control[signal + 1] >> 44,
+                                        total_bytes, kind >> 44)
+            combine(first[parity], second[parity], piece)
+            for contribution in rest[parity]:
+                combine(piece, contribution, piece)
+            own[DONE] = epoch
+            if average:
+                piece /= size
+
+        return slot_round
+
+    def claim_staging(self, epoch: int):
+        """``(offset, bytes)``: this rank's staging half for ``epoch`` (see "Reuse")."""
+        return self._area_arrays[2 + (epoch & 1)]
+
+    def locate(self, buf) -> Optional[int]:
+        """The offset of ``buf`` in this rank's segment, or None when it lives elsewhere."""
+        offset = buf.__array_interface__["data"][0] - self._own_address
+        if 0 <= offset and offset + buf.nbytes <= self.layout.total_bytes:
+            return offset
+        return None
+
+    # -- arriving: publish where this rank's data is, wait for everyone's ---------------------------
+    def arrive(self, epoch: int, offset: int, nbytes: int, kind: int, total_bytes: int) -> None:
+        """Offer ``[offset, offset + nbytes)`` of this rank's segment for ``epoch``.
+
+        ``kind`` (:func:`kind_code`) and ``total_bytes`` (of the whole collective, which may take
+        several epochs) are compared with every peer's at :meth:`arrivals`. Descriptors alternate
+        between two places: a fast peer may publish ``epoch + 1``'s before a slow one has read
+        this one, never ``epoch + 2``'s (it cannot arrive there before everyone arrived at
+        ``epoch + 1``).
+        """
+        control = self._own_control
+        base = ARRIVE + 2 + 4 * (epoch & 1)
+        control[base] = offset
+        control[base + 1] = nbytes
+        control[base + 2] = kind
+        control[base + 3] = total_bytes
+        fence()
+        control[ARRIVE] = epoch
+
+    def arrivals(self, epoch: int, nbytes: int, kind: int, total_bytes: int, dtype) -> List[np.ndarray]:
+        """Wait until every rank arrived at ``epoch``; every rank's offered array, in rank order."""
+        controls = self._controls
+        for peer, control in self._peer_controls:
+            if control[ARRIVE] < epoch:
+                self._wait(peer, ARRIVE, epoch, "arrive")
+        if not LOADS_IN_ORDER:
+            fence()
+        base = ARRIVE + 2 + 4 * (epoch & 1)
+        count = nbytes // dtype.itemsize
+        views = []
+        view = self._view
+        for peer in range(self.size):
+            control = controls[peer]
+            if (control[base + 1] != nbytes or control[base + 2] != kind
+                    or control[base + 3] != total_bytes):
+                self._mismatch(peer, control[base + 3], control[base + 2], total_bytes, kind)
+            views.append(view(peer, control[base], count, dtype))
+        return views
+
+    def _view(self, peer: int, offset: int, count: int, dtype) -> np.ndarray:
+        key = (peer, offset, count, dtype)
+        array = self._views.get(key)
+        if array is None:
+            if len(self._views) > 512:
+                self._views.clear()
+            end = offset + count * dtype.itemsize
+            if not 0 <= offset <= end <= self.layout.total_bytes:
+                raise CommError(f"rank {self.ranks[self.rank]}: {self.context.describe()}: rank "
+                                f"{self.ranks[peer]} offered [{offset}, {end}) outside its segment")
+            array = self._bytes[peer][offset:end].view(dtype)
+            self._views[key] = array
+        return array
+
+    def _mismatch(self, peer: int, their_bytes: int, their_kind: int, nbytes: int, kind: int) -> None:
+        raise CollectiveMismatchError(
+            f"rank {self.ranks[self.rank]} on {self.hostname}: {self._current_context().describe()}: rank "
+            f"{self.ranks[peer]} contributes {format_bytes(their_bytes)} of {_describe_kind(their_kind)}, "
+            f"this rank {format_bytes(nbytes)} of {_describe_kind(kind)}; every rank must pass the same "
+            f"size, dtype and op")
+
+    # -- progress of a slice, and departure ----------------------------------------------------------
+    def publish_progress(self, epoch: int, chunks: int) -> None:
+        fence()
+        self._own_control[PROGRESS] = (epoch << PROGRESS_BITS) | chunks
+
+    def progress_of(self, peer: int, epoch: int) -> int:
+        """How many chunks of its slice ``peer`` has published for ``epoch`` so far (no waiting)."""
+        value = self._controls[peer][PROGRESS]
+        if value >> PROGRESS_BITS != epoch:
+            return 0
+        if not LOADS_IN_ORDER:
+            fence()
+        return value & _CHUNKS_MASK
+
+    def wait_progress(self, peer: int, epoch: int, chunks: int) -> None:
+        target = (epoch << PROGRESS_BITS) | chunks
+        if self._controls[peer][PROGRESS] < target:
+            self._wait(peer, PROGRESS, target, "reduce the next chunk of its slice")
+        if not LOADS_IN_ORDER:
+            fence()
+
+    def depart(self) -> None:
+        """This rank will not read any peer's memory for the current epoch (or earlier) any more."""
+        self._own_control[DONE] = self._epoch
+
+    def wait_departed(self, epoch: int, what: str = "finish reading this rank's buffer") -> None:
+        for peer, control in self._peer_controls:
+            if control[DONE] < epoch:
+                self._wait(peer, DONE, epoch, what)
+
+    # -- waiting ------------------------------------------------------------------------------------
+    def _wait(self, peer: int, word: int, target: int, what: str) -> None:
+        control = self._controls[peer]
+        polls = SPIN_POLLS
+        while control[word] < target:
+            polls -= 1
+            if not polls:
+                self._wait_yielding(peer, word, target, what)
+                return
+
+    def _wait_yielding(self, peer: int, word: int, target: int, what: str) -> None:
+        control = self._controls[peer]
+        sched_yield, monotonic = os.sched_yield, time.monotonic
+        start = last_check = monotonic()
+        deadline = self._current_context().deadline
+        sleep = 2e-5
+        polls = 0
+        while control[word] < target:
+            sched_yield()
+            polls += 1
+            if polls & 31:
+                continue
+            now = monotonic()
+            if now >= deadline:
+                if control[word] >= target:
+                    return
+                self._raise_timeout(peer, word, target, what)
+            if now - start > SLEEP_AFTER_SECONDS:
+                time.sleep(sleep)
+                sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+                if now - last_check > LIVENESS_EVERY_SECONDS:
+                    last_check = now
+                    gone = self._peer_gone(peer)
+                    if gone and control[word] < target:
+                        self._raise_lost(peer, word, target, what, gone)
+
+    def _peer_gone(self, peer: int) -> str:
+        """Why ``peer``'s process can no longer make progress, or "" if it may still."""
+        pid = self.pids[peer]
+        if pid == os.getpid():
+            return ""
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "its process no longer exists"
+        except PermissionError:
+            pass
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return "its process has exited"
+        except (OSError, IndexError):
+            pass
+        return ""
+
+    def _current_context(self):
+        context = self.context
+        if self.inline_seq > context.seq:  # the deadline counts from now: microseconds late
+            context.set("allreduce", self.inline_seq, "shm_oneshot", self.inline_nbytes, self.inline_timeout)
+        return context
+
+    def _who(self, peer: int) -> str:
+        return f"rank {self.ranks[peer]} (pid {self.pids[peer]} on {self.hostname})"
+
+    def _waiting_for(self, peer: int, word: int, target: int, what: str) -> str:
+        value = self._controls[peer][word]
+        if word == PROGRESS:
+            value_text = f"epoch {value >> PROGRESS_BITS} chunk {value & ((1 << PROGRESS_BITS) - 1)}"
+            target_text = f"epoch {target >> PROGRESS_BITS} chunk {target & ((1 << PROGRESS_BITS) - 1)}"
+        else:
+            value_text, target_text = f"epoch {value}", f"epoch {target}"
+        return (f"{self._who(peer)} to {what} (its counter is at {value_text}, waiting for "
+                f"{target_text})")
+
+    def _laggards(self) -> str:
+        board = self.progress_board
+        if board is None:
+            return ""
+        return f" [{board.laggards(self.context.seq, self.context.collective)}]"
+
+    def _raise_timeout(self, peer: int, word: int, target: int, what: str) -> None:
+        ctx = self._current_context()
+        raise CommTimeoutError(
+            f"rank {self.ranks[self.rank]} on {self.hostname}: {ctx.describe()} timed out after "
+            f"{ctx.timeout:g} s in shared memory waiting for {self._waiting_for(peer, word, target, what)}"
+            f"{self._laggards()}")
+
+    def _raise_lost(self, peer: int, word: int, target: int, what: str, gone: str) -> None:
+        raise CommError(
+            f"rank {self.ranks[self.rank]} on {self.hostname}: {self._current_context().describe()}: gave up "
+            f"waiting in shared memory for {self._waiting_for(peer, word, target, what)}: {gone}"
+            f"{self._laggards()}")
+
+    # -- the rest of the transport contract -----------------------------------------------------------
+    def post(self, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()) -> Pending:
+        return self._point_to_point("post").post(sends, recvs)
+
+    def __getattr__(self, name: str):
+        if name.startswith("native_"):  # the library's own collectives, over the same ranks
+            return getattr(self._point_to_point(name), name)
+        raise AttributeError(name)
+
+    def _point_to_point(self, what: str) -> Transport:
+        if self.p2p is None:
+            raise InvalidUsageError(
+                f"shared-memory transport of rank {self.ranks[self.rank]} on {self.hostname}: {what} "
+                f"needs a point-to-point transport over the same ranks; this one was built without")
+        return self.p2p
+
+    def close(self) -> None:
+        super().close()
+        self._views.clear()
+        self._last_round = None
+        self._bytes = []
+        self._own_bytes = None
+        for control in self._controls:
+            control.release()
+        self._controls = []
+        self._peer_controls = []
+        self._own_control = None
+        for segment in self.segments:
+            try:
+                segment.close()
+            except (BufferError, ValueError):  # arrays over it still alive: unmapped with the last one
+                pass
+        self.segments = []
