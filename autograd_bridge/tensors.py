@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["to_array", "from_array", "is_cuda"]
+__all__ = ["to_array", "from_array", "is_cuda", "symmetric_zeros"]
 
 
 def _bfloat16_dtype():
@@ -54,3 +54,23 @@ def from_array(array) -> torch.Tensor:
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)
     return torch.from_dlpack(array)
+
+
+def symmetric_zeros(group, numel: int, dtype: torch.dtype, device) -> "torch.Tensor | None":
+    """A zeroed 1-D tensor over a symmetric buffer of ``group`` (``group.alloc``), or None where that
+    would not make its allreduce faster (a GPU tensor, a group without one-host shared memory).
+
+    Collective when it allocates: every rank calls it in the same order with the same arguments.
+    """
+    if torch.device(device).type != "cpu" or not getattr(group, "prefers_symmetric_buffers", False):
+        return None
+    if dtype == torch.bfloat16:
+        np_dtype = _bfloat16_dtype()
+    else:
+        try:
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        except TypeError:  # no numpy counterpart (complex32, ...): an ordinary tensor
+            return None
+    array = group.alloc((numel,), np_dtype)
+    array[...] = 0
+    return from_array(array)

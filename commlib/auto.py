@@ -64,33 +64,47 @@ def native_threshold(world_size: int, override=None) -> int:
     return bound
 
 
-# Groups whose ranks all share one host (and shared memory is on): (largest message, algorithm)
-# rows per world-size class, as above; None means "the MPI table decides". Measured with
-# ``python -m commlib.bench`` (see the README's shared-memory table).
+# Groups whose ranks all share one host (and shared memory is on): per world-size class and per
+# kind of buffer, (largest message, algorithm) rows as above; None means "the MPI table decides".
+# A symmetric buffer (ProcessGroup.alloc) is read in place by shm_twoshot; a plain one has to be
+# staged, which costs it the lead over the MPI schedules on large messages. So the choice depends
+# on the kind of buffer: every rank must pass the same kind (debug mode checks it). Measured with
+# ``python -m commlib.bench --symmetric`` (see the README's shared-memory table).
 _SHARED_MEMORY_TABLE = {
-    "2": ((64 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
-    "pow2": ((64 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
-    "other": ((64 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
+    # P = 2. Symmetric: 128 KiB oneshot 17 us, twoshot 19 us; 512 KiB 48 against 34 us; 64 MiB
+    # twoshot 3.7-3.9 ms, ring 5.0-5.3 ms. Plain: oneshot through the cache-sized slots wins up
+    # to 8 MiB (2 MiB: 183 us, ring 258 us, MPI 287 us; 8 MiB: 727 against 742 us for the ring);
+    # above, the staged twoshot loses to the ring (64 MiB: 7.3 against 5.2 ms).
+    ("2", True): ((128 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
+    ("2", False): ((8 * MiB, "shm_oneshot"), (INF, None)),
+    # P = 4 and 8 on 2 cores. Symmetric 256 KiB: oneshot 101 / 307 us, twoshot 136 / 346 us. Plain:
+    # twoshot from 2 MiB (P=4: 424 against 641 us for oneshot; 16 MiB: 4.8 ms against 6.2 ms for
+    # MPI_Allreduce; P=8, 16 MiB: 11.6 against 17.0 ms).
+    ("pow2", True): ((256 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
+    ("pow2", False): ((256 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
+    # P = 3 on 2 cores. Symmetric 256 KiB: oneshot 75 us, twoshot 101 us. Plain 2 MiB: oneshot 466,
+    # twoshot 474, ring 685 us; 16 MiB: ring 4.7 ms, oneshot 4.7, twoshot 5.0 ms.
+    ("other", True): ((256 << 10, "shm_oneshot"), (INF, "shm_twoshot")),
+    ("other", False): ((2 * MiB, "shm_oneshot"), (INF, None)),
 }
 
 
-def choose_shared_memory_allreduce(nbytes: int, world_size: int):
-    """The shared-memory algorithm ``"auto"`` means on a one-host group, or None."""
+def choose_shared_memory_allreduce(nbytes: int, world_size: int, symmetric: bool):
+    """The shared-memory algorithm ``"auto"`` means on a one-host group, or None (the MPI table)."""
     if world_size == 1:
         return None
-    for bound, name in _SHARED_MEMORY_TABLE[world_class(world_size)]:
+    for bound, name in _SHARED_MEMORY_TABLE[(world_class(world_size), bool(symmetric))]:
         if nbytes <= bound:
             return name
     return None
 
 
 def shared_memory_inline_bytes(world_size: int) -> int:
-    """Largest message for which ``"auto"`` means ``shm_oneshot`` on a one-host group (-1: never)."""
+    """Largest message for which ``"auto"`` means ``shm_oneshot`` whatever the buffer (-1: never)."""
     if world_size == 1:
         return -1
-    bound = -1
-    for upper, name in _SHARED_MEMORY_TABLE[world_class(world_size)]:
-        if name != "shm_oneshot":
-            break
-        bound = upper
+    bound = INF
+    for symmetric in (True, False):
+        rows = _SHARED_MEMORY_TABLE[(world_class(world_size), symmetric)]
+        bound = min(bound, rows[0][0] if rows[0][1] == "shm_oneshot" else -1)
     return bound

@@ -103,7 +103,8 @@ class ProcessGroup(SharedMemoryMethods):
             op = ReduceOp.coerce(op)
         flat = check_buffer(buf, "allreduce")
         check_op(op, flat.dtype, "allreduce")
-        name = self.resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray)
+        name = self.resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray,
+                                      symmetric=algorithm == "auto" and self._is_symmetric(flat))
         fn = _algorithms.get_algorithm(name)
         size, segment_bytes = self.size, self.segment_bytes
         shared = self._shared_memory_for(name, buf) if getattr(fn, "requires_shared_memory", False) else None
@@ -272,8 +273,9 @@ class ProcessGroup(SharedMemoryMethods):
         """How many collectives this group has issued."""
         return self._seq
 
-    def resolve_algorithm(self, algorithm: str, nbytes: int, on_gpu: bool = False) -> str:
-        """The allreduce algorithm a call with ``algorithm`` and ``nbytes`` runs (resolves "auto")."""
+    def resolve_algorithm(self, algorithm: str, nbytes: int, on_gpu: bool = False, symmetric: bool = False) -> str:
+        """The allreduce algorithm a call with ``algorithm`` and ``nbytes`` runs (resolves "auto");
+        ``symmetric``: the buffer lives in this group's shared memory (``alloc``)."""
         if algorithm == "auto":
             override = self.config.algorithm_override
             if override:
@@ -281,7 +283,7 @@ class ProcessGroup(SharedMemoryMethods):
             if on_gpu:  # NCCL's own allreduce beats a Python schedule over NCCL send/recv
                 return "native"
             if self._shm is not None:
-                shared = choose_shared_memory_allreduce(nbytes, self.size)
+                shared = choose_shared_memory_allreduce(nbytes, self.size, symmetric)
                 if shared is not None:
                     return shared
             return choose_allreduce(nbytes, self.size, _algorithms._REGISTRY)

@@ -31,7 +31,18 @@ class SharedMemoryMethods:
                                     f"({'COMMLIB_SHM=0' if not self.config.shm else 'it could not be set up'})")
         return self.host_memory.alloc(self, shape, dtype)
 
+    @property
+    def prefers_symmetric_buffers(self) -> bool:
+        """Whether buffers from :meth:`alloc` make this group's allreduce faster: its ranks share
+        one host and shared memory is on (elsewhere MPI moves the bytes, and MPI was slower on
+        shared mappings than on private memory)."""
+        return self._shm is not None
+
     # -- internals -----------------------------------------------------------------------------
+    def _is_symmetric(self, flat) -> bool:
+        """Whether ``flat`` lives in this group's shared memory on this rank (for ``"auto"``)."""
+        return self._shm is not None and flat.__class__ is np.ndarray and self._shm.locate(flat) is not None
+
     def _shared_memory_for(self, name: str, buf):
         """The shared-memory transport for algorithm ``name``, or InvalidUsageError saying why not."""
         if self._shm is not None and buf.__class__ is np.ndarray:

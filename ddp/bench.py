@@ -10,6 +10,9 @@ all alive at once) of one model and per-rank batch, side by side in one run:
   (``autograd_bridge.backend``), n/a when that module cannot be imported or fails
 * ``nosync``: our DDP inside ``no_sync()`` (the same work, no communication), and ``local``: the
   plain module, one process
+* ``mpi``: our DDP on a group with shared memory turned off (``COMMLIB_SHM=0`` for that group:
+  buckets in private memory, every byte through MPI), the baseline for ``cost/mpi``: our DDP's
+  time over ``nosync`` divided by the MPI-only one's
 
 ``hidden``: fraction of our allreduce time that ran before backward ended (median of
 ``last_step_stats()``). Memory: ``bufs/g`` is the bytes of the bucket buffers our DDP allocates
@@ -19,6 +22,9 @@ over the model's gradient bytes; ``extra/g`` subtracts the gradients that *are* 
 before building the model to just after each of two backwards (grads alive), DDP's minus the
 local model's, over gradient bytes, in a separate pass before the step times (each model
 alone; glibc's mmap threshold pinned so freed tensors leave the RSS, see set_mmap_threshold).
+``pss+/g``: the same for the proportional set size, which counts a page mapped by ``k``
+processes as ``1/k`` (the RSS counts the peers' shared buckets this rank reads in full, as if
+each rank had its own copy).
 Step times are the maximum over ranks of each rank's median.
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import socket
@@ -59,6 +66,17 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def pss_bytes() -> int:
+    try:
+        with open("/proc/self/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def set_mmap_threshold(threshold_bytes: int) -> None:
     """Fix glibc's mmap threshold (and its trim threshold at twice that), as ``mallopt`` does.
 
@@ -80,18 +98,20 @@ def set_mmap_threshold(threshold_bytes: int) -> None:
 
 def memory_and_layout(make_model, x, y, *, stats=False):
     """Peak RSS growth (bytes) over building the model and two steps, and (``stats``) its buckets."""
-    baseline = rss_bytes()
+    baseline, pss_baseline = rss_bytes(), pss_bytes()
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    rss = 0
+    rss = pss = 0
     for _ in range(2):
         opt.zero_grad()
         F.mse_loss(model(x), y).backward()
         rss = max(rss, rss_bytes() - baseline)
+        pss = max(pss, pss_bytes() - pss_baseline)
         opt.step()
     info = {"buckets": model.bucket_sizes() if stats else None,
             "aliased": sum(p.numel() * p.element_size() for p in model.parameters()
-                           if stats and model.gradient_as_bucket_view and p.grad is not None)}
+                           if stats and model.gradient_as_bucket_view and p.grad is not None),
+            "pss": pss}
     del model, opt
     return rss, info
 
@@ -169,6 +189,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")
     parser.add_argument("--algorithm", default="auto", help="commlib allreduce algorithm for ours")
     parser.add_argument("--no-view", action="store_true", help="skip the gradient_as_bucket_view rows")
+    parser.add_argument("--no-mpi-only", action="store_true", help="skip our DDP on a group without shared memory")
     parser.add_argument("--json", default=None, help="also write the rows to this file (rank 0)")
     args = parser.parse_args(argv)
 
@@ -189,8 +210,13 @@ def main(argv=None) -> None:
     def replica():
         return copy.deepcopy(base)
 
-    def ours(cap, as_view):
-        return lambda: DistributedDataParallel(replica(), bucket_cap_mb=cap, first_bucket_cap_mb=args.first_cap,
+    # The same DDP on a group of the same ranks with shared memory off: what it was before.
+    mpi_only = None if args.no_mpi_only else commlib.ProcessGroup(
+        comm.Dup(), timeout=group.timeout, config=dataclasses.replace(group.config, shm=False), name="mpi-only")
+
+    def ours(cap, as_view, process_group=None):
+        return lambda: DistributedDataParallel(replica(), process_group, bucket_cap_mb=cap,
+                                               first_bucket_cap_mb=args.first_cap,
                                                gradient_as_bucket_view=as_view, algorithm=args.algorithm)
 
     def torch_ddp(cap, group=None):
@@ -201,7 +227,7 @@ def main(argv=None) -> None:
     # when several models are alive) and stepped twice.
     set_mmap_threshold(1 << 20)
     memory_and_layout(replica, x, y)  # one-time allocations (kernels' workspaces) out of the RSS baseline
-    local_rss = memory_and_layout(replica, x, y)[0]
+    local_rss, local_info = memory_and_layout(replica, x, y)
     layout = {(cap, as_view): memory_and_layout(ours(cap, as_view), x, y, stats=True)
               for cap in args.caps for as_view in views}
 
@@ -221,6 +247,8 @@ def main(argv=None) -> None:
                 factories[("t/cl", cap)] = torch_ddp(cap, torch_commlib)
             for as_view in views:
                 factories[("ours", cap, as_view)] = ours(cap, as_view)
+                if mpi_only is not None:
+                    factories[("mpi", cap, as_view)] = ours(cap, as_view, mpi_only)
             interleaved_steps(factories, x, y, args.steps, args.warmup, samples, hidden_samples, comm)
 
     def step_time(key):
@@ -238,6 +266,7 @@ def main(argv=None) -> None:
             ours_rss, info = layout[(cap, as_view)]
             bufs = sum(info["buckets"])
             tcl = results.get(("t/cl", cap))
+            mpi = results.get(("mpi", cap, as_view))
             rows.append({
                 "model": args.model, "P": size, "cap_mb": cap, "view": as_view, "buckets": len(info["buckets"]),
                 "ours_ms": ours_time * 1e3, "gloo_ms": results[("gloo", cap)][0] * 1e3,
@@ -246,6 +275,8 @@ def main(argv=None) -> None:
                 "hidden": hidden, "bufs_per_grad": bufs / grad_bytes,
                 "extra_per_grad": (bufs - info["aliased"]) / grad_bytes,
                 "rss_extra_per_grad": worst(ours_rss - local_rss) / grad_bytes,
+                "pss_extra_per_grad": worst(info["pss"] - local_info["pss"]) / grad_bytes,
+                "mpi_only_ms": None if mpi is None else mpi[0] * 1e3,
             })
     if rank == 0:
         print_table(rows, args, size, grad_bytes, why_not)
@@ -261,16 +292,20 @@ def print_table(rows, args, size, grad_bytes, why_not) -> None:
           f"rounds={args.rounds} algorithm={args.algorithm} first_cap={args.first_cap}MB")
     if why_not:
         print(f"# t/cl (torch DDP on commlib): n/a: {why_not}")
-    header = (f"{'cap MB':>6} {'view':>5} {'bkts':>4} {'ours ms':>8} {'gloo ms':>8} {'t/cl ms':>8} "
-              f"{'nosync':>7} {'local':>7} {'ours/gloo':>9} {'hidden':>6} {'bufs/g':>6} {'extra/g':>7} {'rss+/g':>6}")
+    header = (f"{'cap MB':>6} {'view':>5} {'bkts':>4} {'ours ms':>8} {'mpi ms':>8} {'gloo ms':>8} {'t/cl ms':>8} "
+              f"{'nosync':>7} {'local':>7} {'ours/gloo':>9} {'cost/mpi':>8} {'hidden':>6} {'bufs/g':>6} "
+              f"{'extra/g':>7} {'rss+/g':>6} {'pss+/g':>6}")
     print(header)
     for row in rows:
         tcl = "n/a" if row["torch_commlib_ms"] is None else f"{row['torch_commlib_ms']:.1f}"
         hidden = "n/a" if row["hidden"] is None else f"{row['hidden']:.2f}"
-        print(f"{row['cap_mb']:>6g} {str(row['view']):>5} {row['buckets']:>4} {row['ours_ms']:>8.1f} "
+        mpi = "n/a" if row["mpi_only_ms"] is None else f"{row['mpi_only_ms']:.1f}"
+        cost = ("n/a" if row["mpi_only_ms"] is None or row["mpi_only_ms"] <= row["nosync_ms"] else
+                f"{(row['ours_ms'] - row['nosync_ms']) / (row['mpi_only_ms'] - row['nosync_ms']):.2f}")
+        print(f"{row['cap_mb']:>6g} {str(row['view']):>5} {row['buckets']:>4} {row['ours_ms']:>8.1f} {mpi:>8} "
               f"{row['gloo_ms']:>8.1f} {tcl:>8} {row['nosync_ms']:>7.1f} {row['local_ms']:>7.1f} "
-              f"{row['ours_ms'] / row['gloo_ms']:>9.2f} {hidden:>6} {row['bufs_per_grad']:>6.2f} "
-              f"{row['extra_per_grad']:>7.2f} {row['rss_extra_per_grad']:>6.2f}")
+              f"{row['ours_ms'] / row['gloo_ms']:>9.2f} {cost:>8} {hidden:>6} {row['bufs_per_grad']:>6.2f} "
+              f"{row['extra_per_grad']:>7.2f} {row['rss_extra_per_grad']:>6.2f} {row['pss_extra_per_grad']:>6.2f}")
 
 
 if __name__ == "__main__":

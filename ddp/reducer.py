@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from autograd_bridge import hooks as autograd_hooks
-from autograd_bridge.tensors import from_array, to_array
+from autograd_bridge.tensors import from_array, symmetric_zeros, to_array
 from commlib import ReduceOp, Work
 
 from .bucketing import BucketPlan, ParamSpec, plan_buckets
@@ -58,11 +58,16 @@ class _Bucket:
     __slots__ = ("index", "plan", "flat", "array", "views", "params", "nbytes", "pending", "work",
                  "launched_at", "_done_at")
 
-    def __init__(self, index: int, plan: BucketPlan, params: Sequence[torch.Tensor]):
+    def __init__(self, index: int, plan: BucketPlan, params: Sequence[torch.Tensor], group=None):
         first = params[plan.params[0]]
         self.index = index
         self.plan = plan
-        self.flat = torch.zeros(plan.numel, dtype=first.dtype, device=first.device)
+        # In the group's shared memory where that helps (one host): the allreduce then reads the
+        # peers' buckets in place, and with gradient_as_bucket_view autograd writes the
+        # gradients straight there, so a gradient is never copied on its way to the average.
+        self.flat = symmetric_zeros(group, plan.numel, first.dtype, first.device)
+        if self.flat is None:
+            self.flat = torch.zeros(plan.numel, dtype=first.dtype, device=first.device)
         self.array = to_array(self.flat)
         self.views = [self.flat[offset:offset + params[i].numel()].view(params[i].shape)
                       for i, offset in zip(plan.params, plan.offsets)]
@@ -130,7 +135,7 @@ class Reducer:
         return list(range(len(self.params) - 1, -1, -1))
 
     def _build(self, plans: List[BucketPlan]) -> None:
-        self.buckets = [_Bucket(i, plan, self.params) for i, plan in enumerate(plans)]
+        self.buckets = [_Bucket(i, plan, self.params, self.group) for i, plan in enumerate(plans)]
         self._slot = [None] * len(self.params)  # param index -> (bucket, view)
         for bucket in self.buckets:
             for index, view in zip(bucket.params, bucket.views):

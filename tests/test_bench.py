@@ -68,7 +68,7 @@ def test_ddp_bench_runs_every_configuration_and_writes_its_rows(tmp_path):
     rows = json.loads(json_path.read_text())
     assert [(row["cap_mb"], row["view"]) for row in rows] == [(25, False), (25, True)], rows
     for row in rows:
-        for key in ("ours_ms", "gloo_ms", "torch_commlib_ms", "nosync_ms", "local_ms"):
+        for key in ("ours_ms", "mpi_only_ms", "gloo_ms", "torch_commlib_ms", "nosync_ms", "local_ms"):
             assert row[key] > 0, (key, row)
         assert row["buckets"] >= 1 and row["bufs_per_grad"] == pytest.approx(1.0, abs=0.01)
         assert 0 <= row["hidden"] <= 1
