@@ -15,6 +15,10 @@ variable                    meaning                                             
                             symmetric buffers, no ``shm_*`` algorithms: MPI only)
 ``COMMLIB_SHM_HEAP_BYTES``  address space per rank for symmetric buffers (sparse:     ``8 GiB``
                             memory is used only for what is allocated)
+``COMMLIB_SHM_SLOT_BYTES``  each of a rank's two small-message slots (``shm_oneshot``  ``256 KiB``
+                            rounds); larger messages go round by round
+``COMMLIB_SHM_STAGING_BYTES`` each of a rank's two staging halves (``shm_twoshot``     ``16 MiB``
+                            rounds, plain buffers are copied there)
 ==========================  ========================================================  =========
 
 Tests change behaviour through arguments (``commlib.init(debug=True)``, ``segment_bytes=``),
@@ -82,6 +86,8 @@ class Config:
     crash_witness: bool = True
     shm: bool = True
     shm_heap_bytes: int = 8 << 30
+    shm_slot_bytes: int = 256 << 10
+    shm_staging_bytes: int = 16 << 20
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
@@ -101,8 +107,11 @@ class Config:
             values["crash_witness"] = _parse_bool("COMMLIB_CRASH_WITNESS", environ["COMMLIB_CRASH_WITNESS"])
         if "COMMLIB_SHM" in environ:
             values["shm"] = _parse_bool("COMMLIB_SHM", environ["COMMLIB_SHM"])
-        if "COMMLIB_SHM_HEAP_BYTES" in environ:
-            values["shm_heap_bytes"] = _parse_int("COMMLIB_SHM_HEAP_BYTES", environ["COMMLIB_SHM_HEAP_BYTES"], 0)
+        for name, field, minimum in (("COMMLIB_SHM_HEAP_BYTES", "shm_heap_bytes", 0),
+                                     ("COMMLIB_SHM_SLOT_BYTES", "shm_slot_bytes", 8),
+                                     ("COMMLIB_SHM_STAGING_BYTES", "shm_staging_bytes", 8)):
+            if name in environ:
+                values[field] = _parse_int(name, environ[name], minimum)
         return cls(**values)
 
 

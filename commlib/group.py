@@ -61,8 +61,8 @@ class ProcessGroup(SharedMemoryMethods):
         self._progress_slot = self.progress.mine_slot if self.progress is not None else None
         # This group's shared memory on its host (symmetric buffers; shm_* algorithms when the
         # whole group is on one host). See commlib/host_memory.py.
-        self.host_memory = (open_host_memory(comm, heap_bytes=config.shm_heap_bytes, p2p=self.transport,
-                                             progress_board=self.progress) if config.shm else None)
+        self.host_memory = open_host_memory(comm, config, p2p=self.transport,
+                                            progress_board=self.progress) if config.shm else None
         self._shm = (self.host_memory.transport if self.host_memory is not None
                      and self.host_memory.single_host and self.size > 1 else None)
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
@@ -78,7 +78,7 @@ class ProcessGroup(SharedMemoryMethods):
         if self._shm is not None and not config.algorithm_override and self._small_fast_path_ok:
             # Small messages on one host: counters in shared memory, no MPI call (see
             # _shm_allreduce_inline); the MPI fast path is left for what "auto" still sends to MPI.
-            self._shm_inline_bytes = shared_memory_inline_bytes(self.size)
+            self._shm_inline_bytes = min(shared_memory_inline_bytes(self.size), self._shm.layout.slot_bytes)
             self._auto_native_bytes = -1
             self._shm.inline_timeout = self.timeout
         if self.debug:

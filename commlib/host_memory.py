@@ -11,7 +11,8 @@ Created with the group (collective over the group's ranks on each host). What it
 * ``alloc(group, shape, dtype)``: a symmetric buffer (collective; see :mod:`.symmetric_heap`).
 
 Segment sizes (per rank; sparse, so memory is spent only on what is used): two slots of
-``SLOT_BYTES``, two staging halves of ``STAGING_BYTES``, and a heap of ``Config.shm_heap_bytes``.
+``Config.shm_slot_bytes``, two staging halves of ``Config.shm_staging_bytes`` and a heap of
+``Config.shm_heap_bytes``.
 """
 
 from __future__ import annotations
@@ -29,18 +30,15 @@ from .symmetric_heap import SymmetricHeap
 from .transport import format_bytes
 from .transports.shm import SegmentLayout, SharedMemoryTransport
 
-__all__ = ["HostMemory", "open_host_memory", "SLOT_BYTES", "STAGING_BYTES"]
+__all__ = ["HostMemory", "open_host_memory"]
 
-SLOT_BYTES = 256 << 10
-STAGING_BYTES = 16 << 20
 _DTYPE_NUMBERS = {dtype: number for number, dtype in enumerate(DTYPE_IS_FLOAT)}
 
 
-def open_host_memory(comm: MPI.Comm, *, heap_bytes: int, p2p, progress_board,
-                     slot_bytes: int = SLOT_BYTES, staging_bytes: int = STAGING_BYTES) -> Optional["HostMemory"]:
+def open_host_memory(comm: MPI.Comm, config, *, p2p, progress_board) -> Optional["HostMemory"]:
     """Collective over ``comm``: this group's segments on every host, or None everywhere on failure."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    layout = SegmentLayout.create(slot_bytes, staging_bytes, heap_bytes)
+    layout = SegmentLayout.create(config.shm_slot_bytes, config.shm_staging_bytes, config.shm_heap_bytes)
     host_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     try:
         host_ranks = host_comm.allgather(rank)  # group rank of each host rank
@@ -73,66 +71,57 @@ class HostMemory:
 
     # -- symmetric buffers ---------------------------------------------------------------------
     def alloc(self, group, shape, dtype):
-        """A symmetric buffer of ``shape`` and ``dtype`` (collective over ``group``)."""
+        """A symmetric buffer of ``shape`` and ``dtype`` (collective over ``group``).
+
+        Agreement runs as ordinary collectives of the group, in the caller's thread, so that a
+        request the ranks do not agree on (or that cannot fit) raises on every rank without
+        leaving the group unusable.
+        """
         shape, dtype, nbytes = _check_request(shape, dtype)
         heap = self.heap
-        created = {}
-
-        def run(mpi_transport):
-            self._agree_on_request(group, mpi_transport, nbytes, dtype, shape)
-            serials = heap.live_serials()
-            if serials:
-                flags = np.array(heap.released_flags(serials), np.int8)
-                if group.size > 1:
-                    mpi_transport.native_allreduce(flags, ReduceOp.MIN)
-                heap.reclaim(serials, flags.tolist())
-            region = heap.place(nbytes)
-            if region is None:
-                raise InvalidUsageError(
-                    f"alloc: {format_bytes(nbytes)} do not fit in the symmetric heap of {group!r}: "
-                    f"{format_bytes(heap.free_bytes())} free (largest piece "
-                    f"{format_bytes(heap.largest_free())}) of COMMLIB_SHM_HEAP_BYTES="
-                    f"{self.transport.layout.heap_bytes}; free buffers (drop every reference) or "
-                    f"raise the limit")
-            error = None
-            try:
-                populate(self._own, region.offset, nbytes, write=True)
-            except OSError as exc:
-                error = exc
-            ok = np.array([0 if error else 1], np.int8)
+        if group.size > 1:
+            mine = np.array([nbytes, _DTYPE_NUMBERS[dtype]], np.int64)
+            requests = np.empty((group.size, 2), np.int64)
+            group.allgather(requests, mine)
+            if (requests != mine).any():
+                names = list(DTYPE_IS_FLOAT)
+                shown = "; ".join(f"rank {r}: {format_bytes(int(b))} of {names[int(d)]}"
+                                  for r, (b, d) in enumerate(requests))
+                raise InvalidUsageError(f"alloc: every rank of {group!r} must ask for the same bytes and "
+                                        f"dtype (this rank: {shape} {dtype}); got {shown}")
+        serials = heap.live_serials()  # the same on every rank: every allocation was collective
+        if serials:
+            flags = np.array(heap.released_flags(serials), np.int8)
             if group.size > 1:
-                mpi_transport.native_allreduce(ok, ReduceOp.MIN)
-            if not ok[0]:
-                heap.undo(region)
-                release(self._own, region.offset, region.nbytes)
-                raise CommError(
-                    f"rank {group.rank}: alloc of {format_bytes(nbytes)}: "
-                    + (f"this rank could not get the memory ({error}); " if error else "")
-                    + "some rank of the group could not get the memory in /dev/shm (full?)")
-            for peer in range(self.transport.size):
-                if peer != self.transport.rank:
-                    populate(self.transport.segments[peer], region.offset, nbytes, write=False)
-            root = np.frombuffer(self._own, dtype=dtype, count=nbytes // dtype.itemsize, offset=region.offset)
-            weakref.finalize(root, self._release, region)
-            created["array"] = root.reshape(shape)
-
-        group._issue("alloc", run, nbytes, False, None, "symmetric", (dtype, shape, "", -1, ""))
-        return created["array"]
-
-    @staticmethod
-    def _agree_on_request(group, mpi_transport, nbytes: int, dtype, shape) -> None:
-        if group.size == 1:
-            return
-        mine = np.array([nbytes, _DTYPE_NUMBERS[dtype]], np.int64)
-        everyone = np.empty(2 * group.size, np.int64)
-        mpi_transport.native_allgather(everyone, mine)
-        requests = everyone.reshape(group.size, 2)
-        if (requests != mine).any():
-            names = list(DTYPE_IS_FLOAT)
-            shown = "; ".join(f"rank {r}: {format_bytes(int(b))} of {names[int(d)]}"
-                              for r, (b, d) in enumerate(requests))
-            raise InvalidUsageError(f"alloc: every rank of {group!r} must ask for the same bytes and "
-                                    f"dtype (this rank: {shape} {dtype}); got {shown}")
+                group.allreduce(flags, ReduceOp.MIN, algorithm="native")
+            heap.reclaim(serials, flags.tolist())
+        region = heap.place(nbytes)
+        if region is None:
+            raise InvalidUsageError(
+                f"alloc: {format_bytes(nbytes)} do not fit in the symmetric heap of {group!r}: "
+                f"{format_bytes(heap.free_bytes())} free (largest piece {format_bytes(heap.largest_free())}) "
+                f"of COMMLIB_SHM_HEAP_BYTES={self.transport.layout.heap_bytes}; free buffers (drop "
+                f"every reference to them and their views) or raise the limit")
+        error = None
+        try:
+            populate(self._own, region.offset, nbytes, write=True)
+        except OSError as exc:
+            error = exc
+        ok = np.array([0 if error else 1], np.int8)
+        if group.size > 1:
+            group.allreduce(ok, ReduceOp.MIN, algorithm="native")
+        if not ok[0]:
+            heap.undo(region)
+            release(self._own, region.offset, region.nbytes)
+            raise CommError(f"rank {group.rank}: alloc of {format_bytes(nbytes)}: "
+                            + (f"this rank could not get the memory ({error}); " if error else "")
+                            + "a rank of the group could not get the memory in /dev/shm (full?)")
+        for peer in range(self.transport.size):
+            if peer != self.transport.rank:
+                populate(self.transport.segments[peer], region.offset, nbytes, write=False)
+        root = np.frombuffer(self._own, dtype=dtype, count=nbytes // dtype.itemsize, offset=region.offset)
+        weakref.finalize(root, self._release, region)
+        return root.reshape(shape)
 
     def _release(self, region) -> None:
         self.heap.release(region.serial)

@@ -29,7 +29,7 @@ from .shared_memory import map_host_files
 __all__ = ["ProgressBoard", "COLLECTIVE_CODES"]
 
 COLLECTIVE_CODES = {"allreduce": 1, "broadcast": 2, "reduce": 3, "allgather": 4,
-                    "reduce_scatter": 5, "barrier": 6, "new_group": 7, "alloc": 20}
+                    "reduce_scatter": 5, "barrier": 6, "new_group": 7}
 EXITED_CODE = 255  # written at interpreter exit, so peers can tell "exited" from "slow"
 _NAMES = {code: name for name, code in COLLECTIVE_CODES.items()}
 _CODE_BITS = 8

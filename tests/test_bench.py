@@ -50,6 +50,19 @@ def test_bench_table_parses_and_nothing_is_wrong(tmp_path, dtype):
         [(r["size"], r["algorithm"], r["wrong"]) for r in rows]
 
 
+@pytest.mark.mpi
+def test_bench_times_the_shared_memory_algorithms_on_symmetric_buffers_too():
+    command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "commlib.bench", "-b", "8", "-e", "64K",
+               "-f", "64", "-n", "3", "-w", "1", "-a", "shm_oneshot,shm_twoshot,auto", "--symmetric"]
+    result = subprocess.run(command, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = parse_table(result.stdout)
+    names = ["MPI_Allreduce", "shm_oneshot", "shm_twoshot", "auto", "shm_oneshot@sym", "shm_twoshot@sym", "auto@sym"]
+    assert [(row["size"], row["algorithm"]) for row in rows] == [(size, name) for size in (8, 512, 32768)
+                                                                  for name in names], result.stdout
+    assert all(row["wrong"] == 0 for row in rows), result.stdout
+
+
 def test_bench_rejects_bad_arguments():
     result = subprocess.run([sys.executable, "-m", "commlib.bench", "-b", "1M", "-e", "8"],
                             cwd=str(ROOT), capture_output=True, text=True, timeout=60)

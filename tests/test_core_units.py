@@ -20,6 +20,11 @@ def test_config_reads_every_variable():
     assert config == Config(algorithm_override="ring", debug=True, timeout=7.5, segment_bytes=4096,
                             gpu_transport="host_staged", crash_witness=False)
     assert Config.from_env({}) == Config()
+    assert Config.from_env({"COMMLIB_SHM": "0", "COMMLIB_SHM_HEAP_BYTES": "4096", "COMMLIB_SHM_SLOT_BYTES": "64",
+                            "COMMLIB_SHM_STAGING_BYTES": "128"}) == Config(shm=False, shm_heap_bytes=4096,
+                                                                           shm_slot_bytes=64, shm_staging_bytes=128)
+    with pytest.raises(ValueError, match="COMMLIB_SHM_SLOT_BYTES"):
+        Config.from_env({"COMMLIB_SHM_SLOT_BYTES": "4"})
     with pytest.raises(ValueError, match="COMMLIB_TIMEOUT"):
         Config.from_env({"COMMLIB_TIMEOUT": "-1"})
     with pytest.raises(ValueError, match="COMMLIB_DEBUG"):

@@ -243,9 +243,9 @@ class SharedMemoryTransport(Transport):
                 if control[signal + 1] != signature:
                     transport._mismatch(peer, control[signal + 1] & _TOTAL_MASK, control[signal + 1] >> 44,
                                         total_bytes, kind >> 44)
-            combine(first[parity], second[parity], piece)
+            combine(first[parity], second[parity], out=piece)
             for contribution in rest[parity]:
-                combine(piece, contribution, piece)
+                combine(piece, contribution, out=piece)
             own[DONE] = epoch
             if average:
                 piece /= size

@@ -202,6 +202,30 @@ def check_data_dependent_unused(checker, group):
                 checker.close(got.grad, want.grad, f"as_view={as_view}: grad of {name} (used on rank 0 only)")
 
 
+def check_buckets_in_shared_memory(checker, group):
+    """On one host the buckets are symmetric buffers; with gradient_as_bucket_view the gradients
+    autograd writes are those buffers, and averaging them needs no copy on the way."""
+    expected = expected_average_grads(group.size)
+    for as_view in (False, True):
+        model = DDP(mlp(), bucket_cap_mb=0.001, first_bucket_cap_mb=0.001, gradient_as_bucket_view=as_view)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        for step in range(3):  # the first backward rebuilds the buckets: check the rebuilt ones too
+            optimizer.zero_grad(set_to_none=step == 1)
+            x, y = rank_batch(group.rank)
+            F.mse_loss(model(x), y).backward()
+            for got, want in zip((p.grad for p in model.parameters()), expected):
+                checker.close(got, want, f"as_view={as_view} step {step}: grads", rtol=1e-5, atol=1e-6)
+        buckets = model.reducer.buckets
+        shared = [group.host_memory.owns(bucket.array) for bucket in buckets]
+        checker.check(all(shared) if group.prefers_symmetric_buffers else not any(shared),
+                      f"as_view={as_view}: buckets in shared memory {shared}, one host "
+                      f"{group.prefers_symmetric_buffers}")
+        if as_view:
+            spans = [(b.flat.data_ptr(), b.flat.data_ptr() + b.nbytes) for b in buckets]
+            views = [any(lo <= p.grad.data_ptr() < hi for lo, hi in spans) for p in model.parameters()]
+            checker.check(all(views), f"grads are views of the buckets: {views}")
+
+
 def main():
     group = commlib.init()
     checker = Checker()
@@ -211,6 +235,7 @@ def main():
     check_algorithms(checker, group)
     check_data_dependent_unused(checker, group)
     check_module_and_state_dict(checker, group)
+    check_buckets_in_shared_memory(checker, group)
     checker.finish()
 
 

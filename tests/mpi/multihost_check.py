@@ -50,6 +50,35 @@ def tcp_peers_of_this_process():
     return peers
 
 
+def check_shared_memory_stays_on_its_host(pg, check, ppn, hosts):
+    """A group over several hosts keeps symmetric buffers (host memory) but refuses the shm_*
+    algorithms, and "auto" never picks them; a group of one host's ranks runs them."""
+    rank, size = pg.rank, pg.size
+    check.check(pg.host_memory is not None and not pg.host_memory.single_host
+                and not pg.prefers_symmetric_buffers, "a multi-host group is not a shared-memory group")
+    symmetric = pg.alloc(1000, np.float64)
+    symmetric[...] = rank + 1
+    pg.allreduce(symmetric)
+    check.equal(symmetric, np.full(1000, size * (size + 1) / 2), "allreduce of a symmetric buffer across hosts")
+    for name in ("shm_oneshot", "shm_twoshot"):
+        check.raises(commlib.InvalidUsageError, lambda: pg.allreduce(np.ones(4), algorithm=name),
+                     f"{name} on a multi-host group", match="spans several hosts")
+    picked = {pg.resolve_algorithm("auto", nbytes, symmetric=symmetric_buffer)
+              for nbytes in (8, 1 << 16, 1 << 22, 1 << 26) for symmetric_buffer in (False, True)}
+    check.check(not any(name.startswith("shm_") for name in picked), f"auto picked {picked} across hosts")
+    mine = None
+    for host in range(hosts):
+        group = pg.new_group(list(range(host * ppn, (host + 1) * ppn)))
+        mine = group if group is not None else mine
+    check.check(mine.prefers_symmetric_buffers or ppn == 1, "a one-host group uses shared memory")
+    data = mine.alloc(5000, np.float32)
+    data[...] = rank + 1
+    mine.allreduce(data, algorithm="shm_twoshot")
+    host_ranks = range(rank // ppn * ppn, (rank // ppn + 1) * ppn)
+    check.equal(data, np.full(5000, float(sum(r + 1 for r in host_ranks)), np.float32),
+                "shm_twoshot within one host of a cluster")
+
+
 def main():
     ppn = int(sys.argv[1])
     hostnames, addresses = sys.argv[2].split(","), sys.argv[3].split(",")
@@ -73,6 +102,7 @@ def main():
     data = np.full(1000, rank + 1, np.float64)
     pg.allreduce(data)
     check.equal(data, np.full(1000, size * (size + 1) / 2), "allreduce across hosts")
+    check_shared_memory_stays_on_its_host(pg, check, ppn, len(hostnames))
     other_hosts = {addresses[(my_host + 1) % len(addresses)], addresses[(my_host - 1) % len(addresses)]}
     over_tcp = tcp_peers_of_this_process() & other_hosts
     if expect_tcp:

@@ -1,0 +1,158 @@
+"""mpiexec -n P python tests/mpi/shm_check.py [off]
+
+The shared-memory allreduce under real processes (run with tiny slots and staging halves, so
+short inputs take many rounds, see test_shm.py): every dtype x op x odd size for shm_oneshot,
+shm_twoshot and auto, on plain buffers, symmetric buffers (``pg.alloc``) and a mix of both
+(explicit algorithms); random floats end with the same bytes on every rank; the inline small
+path stays in step with the general path, MPI collectives and async work; ``alloc`` agrees,
+reuses freed places and refuses what cannot be; no segment file is left in /dev/shm.
+``off`` (run with COMMLIB_SHM=0): no shared memory, and the shm_* algorithms and ``alloc`` say so.
+"""
+
+import glob
+import hashlib
+import os
+import sys
+
+import numpy as np
+
+import commlib
+from commlib import InvalidUsageError, ReduceOp
+from commlib.shared_memory import shared_directory
+from verdict import DTYPES, OPS, Checker
+
+ALGORITHMS = ["shm_oneshot", "shm_twoshot", "auto"]
+
+
+def rank_values(rank: int, count: int, op: ReduceOp) -> np.ndarray:
+    index = np.arange(count)
+    if op is ReduceOp.PROD:
+        return (index + rank) % 2 + 1
+    return (index + 2 * rank) % 3 + 1
+
+
+def expected_reduction(size: int, count: int, op: ReduceOp) -> np.ndarray:
+    stacked = np.stack([rank_values(r, count, op) for r in range(size)]).astype(np.float64)
+    return {ReduceOp.SUM: stacked.sum(0), ReduceOp.AVG: stacked.mean(0), ReduceOp.MIN: stacked.min(0),
+            ReduceOp.MAX: stacked.max(0), ReduceOp.PROD: stacked.prod(0)}[op]
+
+
+def check_shared_memory_off(pg, check):
+    check.check(pg.host_memory is None and not pg.prefers_symmetric_buffers, "COMMLIB_SHM=0: no shared memory")
+    check.raises(InvalidUsageError, lambda: pg.alloc(4), "alloc without shared memory", match="COMMLIB_SHM=0")
+    for name in ("shm_oneshot", "shm_twoshot"):
+        buf = np.arange(5.0)
+        check.raises(InvalidUsageError, lambda: pg.allreduce(buf, algorithm=name), f"{name} without shared memory",
+                     match="COMMLIB_SHM=0")
+        check.equal(buf, np.arange(5.0), f"{name} refused before touching the buffer")
+    for nbytes in (8, 1 << 20, 64 << 20):
+        check.check(not pg.resolve_algorithm("auto", nbytes).startswith("shm_"), "auto stays on MPI")
+    buf = np.full(1000, pg.rank + 1.0)
+    pg.allreduce(buf)
+    check.equal(buf, np.full(1000, pg.size * (pg.size + 1) / 2), "auto allreduce without shared memory")
+    check.finish()
+
+
+def main():
+    pg = commlib.init(timeout=60, segment_bytes=64)
+    if sys.argv[1:] == ["off"]:
+        return check_shared_memory_off(pg, Checker())
+    rank, size = pg.rank, pg.size
+    check = Checker()
+
+    # Segment files exist only while the ranks map them: by now nothing is left to clean up.
+    pids = check.comm.allgather(os.getpid())
+    left = [path for pid in pids for path in glob.glob(os.path.join(shared_directory(), f"commlib-*-{pid}-*"))]
+    check.check(not left, f"segment files left in {shared_directory()} after init: {left}")
+    check.check(pg.host_memory is not None and pg.host_memory.single_host, "one host, shared memory set up")
+
+    counts = sorted({0, 1, max(size - 1, 1), size, 7 * size + 3, 301})
+    for algorithm in ALGORITHMS:
+        for dtype in DTYPES:
+            dtype = np.dtype(dtype)
+            is_float = dtype.kind == "f" or dtype.name == "bfloat16"
+            for op in OPS:
+                if op is ReduceOp.AVG and not is_float:
+                    continue  # refused by validation (collectives_check.py)
+                if op is ReduceOp.PROD and dtype.itemsize == 1 and size > 4:
+                    continue  # 2**8 wraps in 8 bits; the wrap itself is not under test
+                for count in counts:
+                    kinds = ("plain", "symmetric") + (("mixed",) if algorithm != "auto" else ())
+                    for kind in kinds:
+                        symmetric = pg.alloc(count, dtype)
+                        use_symmetric = kind == "symmetric" or (kind == "mixed" and rank % 2 == 0)
+                        buf = symmetric if use_symmetric else np.empty(count, dtype)
+                        buf[...] = rank_values(rank, count, op).astype(dtype)
+                        pg.allreduce(buf, op, algorithm=algorithm)
+                        expected = expected_reduction(size, count, op)
+                        what = f"{algorithm} {dtype} {op.name} n={count} {kind}"
+                        if op is ReduceOp.AVG:
+                            check.close(buf.astype(np.float64), expected, what,
+                                        rtol=1e-2 if dtype.itemsize == 2 else 1e-6)
+                        else:
+                            if not is_float:
+                                expected = expected.astype(np.int64).astype(dtype)
+                            check.equal(buf.astype(np.float64), expected.astype(dtype).astype(np.float64), what)
+
+    # Random floats: the order of the sums matters, so the same bytes everywhere is a property.
+    rng = np.random.default_rng(1234 + rank)
+    digests, labels = [], []
+    for algorithm in ALGORITHMS:
+        for dtype in ("float16", "float32", "float64"):
+            for op in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.AVG):
+                for count in (size + 1, 5001):
+                    for symmetric in (False, True):
+                        buf = pg.alloc(count, dtype) if symmetric else np.empty(count, dtype)
+                        buf[...] = rng.uniform(0.5, 1.5, count).astype(dtype)
+                        pg.allreduce(buf, op, algorithm=algorithm)
+                        digests.append(hashlib.sha1(buf.tobytes()).hexdigest())
+                        labels.append(f"{algorithm} {dtype} {op.name} n={count} symmetric={symmetric}")
+    all_digests = check.comm.allgather(digests)
+    for index, label in enumerate(labels):
+        differing = [r for r in range(size) if all_digests[r][index] != all_digests[0][index]]
+        check.check(not differing, lambda: f"{label}: ranks {differing} hold different bytes than rank 0")
+
+    # The inline 8-byte path keeps its place among everything else the group runs.
+    small = np.zeros(2, np.float32)
+    vector = pg.alloc(1000, np.int64)
+    for step in range(200):
+        small[:] = (rank + step, 1)
+        pg.allreduce(small)
+        check.equal(small, np.array([sum(range(size)) + size * step, size], np.float32), f"small #{step}")
+        if step % 7 == 0:
+            vector[:] = rank + step
+            work = pg.allreduce(vector, ReduceOp.MAX, async_op=True)
+            pg.allreduce(small)  # queued behind the async one: takes the general path
+            work.wait()
+            check.equal(vector, np.full(1000, size - 1 + step), f"async MAX #{step}")
+        if step % 11 == 0:
+            root = step % size
+            token = np.array([rank], np.int64)
+            pg.broadcast(token, root=root)
+            check.equal(token, np.array([root]), f"broadcast #{step}")
+            pg.allreduce(small, algorithm="native")
+
+    # alloc: every rank must ask for the same; a freed place comes back once all dropped it.
+    if size > 1:
+        bad = (7,) if rank == size - 1 else (5,)
+        check.raises(InvalidUsageError, lambda: pg.alloc(bad, np.float32), "alloc of different shapes",
+                     match="must ask for the same bytes")
+    first = pg.alloc(3000, np.float64)
+    offset = pg.host_memory.transport.locate(first)
+    del first
+    second = pg.alloc(3000, np.float64)
+    check.check(pg.host_memory.transport.locate(second) == offset,
+                "a place freed on every rank is reused by the next alloc")
+    check.check(pg.alloc(0, np.float32).size == 0, "alloc of 0 elements")
+    check.raises(InvalidUsageError, lambda: pg.alloc(1 << 40, np.uint8), "alloc beyond the heap",
+                 match="do not fit in the symmetric heap")
+    check.raises(InvalidUsageError, lambda: pg.alloc(4, object), "alloc of an object dtype",
+                 match="unsupported dtype")
+    check.raises(InvalidUsageError, lambda: pg.alloc((2, -1), np.float32), "alloc of a negative shape",
+                 match="negative")
+    pg.barrier()
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Shared memory within a host under real mpiexec: the collectives at every world size, faults,
+and nothing left behind in /dev/shm (see tests/mpi/shm_check.py and shm_faults.py)."""
+
+import glob
+import os
+import re
+import time
+
+import pytest
+
+from mpirun import WORLD_SIZES, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+# Tiny slots and staging halves: short inputs take many rounds; 8 is oversubscribed (2 cores).
+SMALL_AREAS = {"COMMLIB_SHM_SLOT_BYTES": "256", "COMMLIB_SHM_STAGING_BYTES": "1024",
+               "COMMLIB_SHM_HEAP_BYTES": str(256 << 20)}
+
+
+@pytest.mark.parametrize("nprocs", WORLD_SIZES)
+def test_shm_collectives_under_mpiexec(nprocs):
+    run_mpi("shm_check.py", nprocs, env=SMALL_AREAS, timeout=240)
+
+
+@pytest.mark.parametrize("algorithm", ["shm_oneshot", "shm_twoshot"])
+def test_a_rank_that_skips_is_named_by_every_other_within_the_timeout(algorithm):
+    started = time.monotonic()
+    result = run_mpi("shm_faults.py", 3, "skip", algorithm, "2", timeout=60)
+    assert "OK:" in result.stdout
+    assert time.monotonic() - started < 40
+
+
+def test_a_vanished_peer_is_named_long_before_the_timeout():
+    # Rank 1 ends without MPI finalize while ranks 0 and 2 wait for it in shared memory; the group's
+    # timeout is 30 s, the peers must notice the process is gone within a few seconds.
+    result = run_mpi("shm_faults.py", 3, "vanish", "shm_twoshot", "30", timeout=60, check=False)
+    lines = re.findall(r"shm_faults: rank (\d) named the lost peer after ([\d.]+) s: (.*)", result.stdout)
+    assert sorted(rank for rank, _, _ in lines) == ["0", "2"], result.stdout
+    for _rank, seconds, message in lines:
+        assert float(seconds) < 5, result.stdout
+        assert message.startswith("CommError:") and "rank 1 (pid" in message and "its process" in message, message
+
+
+def test_segments_leave_nothing_in_dev_shm_even_after_sigkill():
+    result = run_mpi("shm_faults.py", 3, "sigkill", "shm_twoshot", "30", timeout=60, check=False)
+    pids = re.findall(r"shm_faults: rank \d pid (\d+)", result.stdout)
+    assert len(pids) == 3 and result.returncode != 0, result.stdout
+    time.sleep(0.5)
+    directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    if directory is None:
+        pytest.skip("no /dev/shm")
+    left = [path for pid in pids for path in glob.glob(os.path.join(directory, f"commlib-*-{pid}-*"))]
+    assert left == [], f"segment files outlived their SIGKILLed ranks: {left}"
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_with_shared_memory_off_everything_stays_on_mpi_and_says_so(nprocs):
+    run_mpi("shm_check.py", nprocs, "off", env={"COMMLIB_SHM": "0"}, timeout=60)
