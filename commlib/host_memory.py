@@ -3,11 +3,17 @@
 Created with the group (collective over the group's ranks on each host). What it gives:
 
 * ``transport``: a :class:`~commlib.transports.shm.SharedMemoryTransport` over the group's ranks
-  on this host. When the whole group is on this host (``single_host``), its point-to-point side
-  is the group's MPI transport and the shared-memory algorithms (``shm_oneshot``,
-  ``shm_twoshot``) run on it. A group spanning hosts keeps the segments (symmetric buffers are
-  still host memory, and a hierarchical allreduce can run its intra-host phases on them), but
-  the shared-memory algorithms refuse it: they would leave out the other hosts' ranks.
+  on this host (it shares the group's collective context: deadline, sequence number). When the
+  whole group is on this host (``single_host``), its point-to-point side is the group's MPI
+  transport and the shared-memory algorithms (``shm_oneshot``, ``shm_twoshot``) run on it. A
+  group spanning hosts keeps the segments (symmetric buffers are still host memory), but the
+  shared-memory algorithms refuse it: they would leave out the other hosts' ranks.
+
+Entry point for a hierarchical allreduce (its intra-host phases): on every rank, inside the
+group's collective, ``allreduce_shm_twoshot(group.host_memory.transport, buf, op,
+slice_hook=across_hosts)`` reduce-scatters ``buf`` among this host's ranks, calls
+``across_hosts(slice)`` with this rank's reduced slice (allreduce it in place with the ranks of
+the same host rank on the other hosts), then allgathers the slices within the host.
 * ``alloc(group, shape, dtype)``: a symmetric buffer (collective; see :mod:`.symmetric_heap`).
 
 Segment sizes (per rank; sparse, so memory is spent only on what is used): two slots of
@@ -56,6 +62,9 @@ def open_host_memory(comm: MPI.Comm, config, *, p2p, progress_board) -> Optional
                                       p2p=p2p if single_host else None, pids=files.pids,
                                       hostname=files.hostname, ranks=host_ranks,
                                       progress_board=progress_board)
+    # Across hosts too: a collective of the group that runs a phase on this host's ranks (the
+    # intra-host steps of a hierarchical allreduce) has its deadline and description here.
+    transport.context = p2p.context
     return HostMemory(transport, single_host, host_ranks)
 
 

@@ -237,3 +237,29 @@ def test_a_symmetric_buffer_rewritten_right_after_each_call_never_leaks_into_a_p
 
     world.run(body)
     assert not bad, bad
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_twoshot_slice_hook_sees_each_reduced_slice_once_and_spreads_its_result(size, symmetric):
+    """The hierarchical entry point: the hook gets this rank's reduced slice of every round (here
+    it stands for the other hosts by doubling it); every rank ends with the hook's result."""
+    world = SharedWorld(size, staging_bytes=512)
+    count = 1000
+    buffers = world.symmetric(count, np.dtype(np.float64)) if symmetric else [np.empty(count) for _ in range(size)]
+    for rank, buf in enumerate(buffers):
+        buf[...] = np.arange(count) + rank
+    seen = [[] for _ in range(size)]
+
+    def hook_for(rank):
+        def across_hosts(slice_):
+            seen[rank].append(slice_.size)
+            slice_ *= 2
+        return across_hosts
+
+    world.run(lambda transport: get_algorithm("shm_twoshot")(
+        transport, buffers[transport.rank], ReduceOp.SUM, segment_bytes=64, slice_hook=hook_for(transport.rank)))
+    expected = 2.0 * (np.arange(count) * size + sum(range(size)))
+    for rank, buf in enumerate(buffers):
+        assert np.array_equal(buf, expected), rank
+    assert sum(sum(sizes) for sizes in seen) == count  # every element went through exactly one hook

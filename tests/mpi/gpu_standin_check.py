@@ -16,6 +16,7 @@ import numpy as np
 import cupy
 import commlib
 from commlib import CommError, CommTimeoutError, InvalidUsageError, ReduceOp
+from commlib.algorithms import get_algorithm
 from commlib.gpu import GpuSetupError, attach
 from cupy.cuda import LOG
 from verdict import Checker
@@ -39,6 +40,12 @@ def check_host_staged(check, pg):
                 ReduceOp.MAX: lambda s: s.max(0), ReduceOp.PROD: lambda s: s.prod(0)}
     with caller:
         for algorithm in commlib.algorithms():
+            if getattr(get_algorithm(algorithm), "requires_shared_memory", False):
+                # Reads the peers' host memory directly: refused for a GPU buffer, before anything runs.
+                check.raises(InvalidUsageError, lambda: pg.allreduce(cupy.ndarray(values(rank, 4, np.float64)),
+                                                                     algorithm=algorithm), f"{algorithm} on a GPU buffer",
+                             match="this buffer is on a GPU")
+                continue
             for async_op in (False, True):
                 for op in expected:
                     for count in (0, 1, 4 * size + 3):
