@@ -84,8 +84,9 @@ class ModelAverager(Joinable, abc.ABC):
         self._average(self._tensors, self._join_config.context, contribute=False)
         self.step += 1
 
-    def _finish(self) -> None:
-        """Complete any averaging still in flight (averagers that overlap it with the next step)."""
+    def finish(self) -> None:
+        """Complete any averaging still in flight (averagers that overlap it with the next step):
+        call it before evaluating or saving the final model. Nothing to do for this one."""
 
     @abc.abstractmethod
     def _average(self, tensors: List[torch.Tensor], join: Optional[Join], contribute: bool) -> None:
@@ -128,7 +129,7 @@ class _AveragerJoinHook(JoinHook):
 
     def post_hook(self, is_last_joiner: bool) -> None:
         averager = self.averager
-        averager._finish()
+        averager.finish()
         if averager._tensors:
             # Joined ranks stopped training: everyone takes the parameters of a last joiner.
             source = Join.last_joiner_rank(averager.process_group, is_last_joiner)

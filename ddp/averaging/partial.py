@@ -152,9 +152,6 @@ class PartialModelAverager(ModelAverager):
         if self._tensors is not None:
             self._complete(self._tensors)
 
-    def _finish(self) -> None:
-        self.finish()
-
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The step, the plan's inputs and the averaging in flight (waited for: it holds the result)."""

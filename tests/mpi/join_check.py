@@ -131,7 +131,7 @@ def check_average_over_active_ranks(check, group):
                     param += float(group.rank + 1)  # c_r = r + 1
                 averager.average_parameters([param])
                 trajectory.append(param[0].item())
-        averager.finish() if hasattr(averager, "finish") else None
+        averager.finish()
         for step, value in enumerate(trajectory):
             active = [r for r in range(group.size) if 5 + 2 * r > step]
             if name == "partial":  # averaged one step later: the average of step-1, plus this step's own c_r
