@@ -1,5 +1,8 @@
 """mpiexec -n 2 python -m ddp.bench --model mlp --caps 1 5 25 100
 
+(With ``--sync ddp powersgd localsgd partial ...``: step time and bytes of PowerSGD and local SGD
+against DDP instead, see :mod:`ddp.bench_sync`.)
+
 Step time (forward + backward + SGD step; the median over ``--steps`` turns after ``--warmup``,
 repeated ``--rounds`` times, of steps taken in turn by every configuration of one bucket cap,
 all alive at once) of one model and per-rank batch, side by side in one run:
@@ -157,6 +160,13 @@ def commlib_torch_group(dist):
 
 
 def main(argv=None) -> None:
+    import sys
+
+    if "--sync" in (sys.argv[1:] if argv is None else argv):
+        # Communication-efficient methods against DDP: a table of its own (ddp/bench_sync.py).
+        from .bench_sync import main as sync_main
+
+        return sync_main(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
