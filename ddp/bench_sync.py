@@ -50,7 +50,8 @@ START = 1  # PowerSGD and local steps from the second step (the first one rebuil
 
 def build(method, base, args, group):
     """(model, optimizer, averager or None) for ``method`` on a copy of ``base``."""
-    model = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=args.bucket_cap, algorithm=args.algorithm)
+    model = DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=args.bucket_cap, algorithm=args.algorithm,
+                                    gradient_as_bucket_view=not args.no_view)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
     if method == "ddp":
         return model, optimizer, None
@@ -113,6 +114,8 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per block after the first")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--bucket-cap", type=float, default=25, help="bucket_cap_mb")
+    parser.add_argument("--no-view", action="store_true",
+                        help="gradient_as_bucket_view=False (default True for every method: no gradient copies)")
     parser.add_argument("--ranks-per-host", type=int, default=1, help="for the hierarchical averager's small level")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")
     parser.add_argument("--algorithm", default="auto")
@@ -145,7 +148,7 @@ def print_table(args, group, base, samples, sent) -> None:
     params = sum(p.numel() for p in base.parameters())
     print(f"# ddp.bench --sync model={args.model} ({params / 1e6:.1f}M parameters) P={group.size} "
           f"rank={args.rank} period={args.period} steps/block={args.steps} rounds={args.rounds} "
-          f"threads={args.threads} bucket_cap={args.bucket_cap}MB")
+          f"threads={args.threads} bucket_cap={args.bucket_cap}MB gradient_as_bucket_view={not args.no_view}")
     reference = statistics.median(samples[args.sync[0]])
     reference_bytes = sent[args.sync[0]]
     print(f"{'sync':>12} {'ms/step':>9} {'vs ' + args.sync[0]:>8} {'MB/step':>9} {'bytes vs':>9} {'blocks (ms/step)':>20}")

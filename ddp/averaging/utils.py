@@ -1,9 +1,10 @@
 """Averaging parameters across a group (torch's ``model_averaging.utils``), Join-aware and metered.
 
-All parameters of one dtype travel in one allreduce of a flat copy, divided by the number of
-contributing ranks first (as torch: an fp16 sum over many ranks could overflow), and are
-copied back in place (torch rebinds ``p.data`` to the flat buffer, which silently detaches
-parameters from anything that kept their storage).
+Parameters are divided by the number of contributing ranks first (as torch: an fp16 sum over
+many ranks could overflow), then summed: large ones in their own memory, the small ones of a
+dtype together in one flat copy that is copied back in place (torch copies everything into one
+flat buffer and rebinds ``p.data`` to it, which silently detaches parameters from anything that
+kept their storage).
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ def _by_dtype(tensors: Sequence[torch.Tensor]) -> "OrderedDict[tuple, List[torch
     return groups
 
 
+# Tensors at least this big are averaged in their own memory, one allreduce each: no copy into
+# and out of a flat buffer (two passes over the model, ~60 ms per 100 MB here, and as much memory).
+# Smaller ones share one flat buffer: one collective's latency for all of them.
+IN_PLACE_BYTES = 1 << 20
+
+
 @torch.no_grad()
 def average_tensors(tensors: Sequence[torch.Tensor], group, *, contributors: Optional[int] = None,
                     contribute: bool = True, counter: Optional[ByteCounter] = None) -> None:
@@ -68,22 +75,33 @@ def average_tensors(tensors: Sequence[torch.Tensor], group, *, contributors: Opt
 
     ``contributors``: how many ranks contribute (default all); a rank with ``contribute=False``
     (a joined rank under :class:`ddp.Join`) sends zeros of the same sizes and keeps its tensors.
+    Every rank must pass tensors of the same sizes and dtypes in the same order.
     """
     if group is None or not tensors:
         return
     divisor = group.size if contributors is None else contributors
     sender = MeteredGroup(group, counter) if counter is not None else group
     for (dtype, device), members in _by_dtype(tensors).items():
-        total = sum(t.numel() for t in members)
+        small = []
+        for tensor in members:
+            if tensor.numel() * tensor.element_size() < IN_PLACE_BYTES or not tensor.is_contiguous():
+                small.append(tensor)
+            elif contribute:
+                tensor.div_(divisor)
+                sender.allreduce(to_array(tensor.detach()), ReduceOp.SUM)
+            else:
+                sender.allreduce(to_array(torch.zeros_like(tensor)), ReduceOp.SUM)
+        if not small:
+            continue
         if contribute:
-            flat = torch.cat([t.detach().reshape(-1) for t in members])
+            flat = torch.cat([t.detach().reshape(-1) for t in small])
             flat.div_(divisor)
         else:
-            flat = torch.zeros(total, dtype=dtype, device=device)
+            flat = torch.zeros(sum(t.numel() for t in small), dtype=dtype, device=device)
         sender.allreduce(to_array(flat), ReduceOp.SUM)
         if contribute:
             offset = 0
-            for tensor in members:
+            for tensor in small:
                 tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
 

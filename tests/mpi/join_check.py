@@ -121,16 +121,21 @@ def check_average_over_active_ranks(check, group):
     for name, averager in (("periodic", PeriodicModelAverager(1)),
                            ("hierarchical", HierarchicalModelAverager({1: group.size})),
                            ("partial", PartialModelAverager(1))):
-        param = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
-        param.grad = torch.zeros_like(param)
+        # A small parameter (packed with others) and one of 1.1 MiB (averaged in its own memory).
+        params = [torch.nn.Parameter(torch.zeros(size, dtype=torch.float64)) for size in (3, 140_000)]
+        for param in params:
+            param.grad = torch.zeros_like(param)
         steps = 5 + 2 * group.rank
         expected, trajectory = 0.0, []
         with Join([averager]):
             for step in range(steps):
                 with torch.no_grad():
-                    param += float(group.rank + 1)  # c_r = r + 1
-                averager.average_parameters([param])
-                trajectory.append(param[0].item())
+                    for param in params:
+                        param += float(group.rank + 1)  # c_r = r + 1
+                averager.average_parameters(params)
+                values = torch.cat([param.detach() for param in params])
+                check.check(bool((values == values[0]).all()), f"{name}: step {step}: the parameters differ")
+                trajectory.append(values[0].item())
         averager.finish()
         for step, value in enumerate(trajectory):
             active = [r for r in range(group.size) if 5 + 2 * r > step]
