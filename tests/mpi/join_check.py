@@ -10,7 +10,8 @@ the ``with`` block (a hang is the test's timeout) and ends with bitwise identica
   post-local SGD plus each averager (periodic, hierarchical, partial) in ``Join([model, averager])``;
 * the averagers average over the ranks still in: every rank adds c_r to its parameters each
   step and averages every step; the parameters must follow p += mean of c_r over the active ranks
-  exactly (a joined rank contributing its stale parameters, or counted in the divisor, fails);
+  (rtol 1e-12: a joined rank contributing its stale parameters, or counted in the divisor, is off
+  by far more), for a small parameter and for one averaged in its own memory;
 * ``throw_on_early_termination=True`` raises ``RuntimeError`` on every rank in one iteration;
 * Joinables listed out of order (``[averager, model]``) raise ``RuntimeError`` on every rank.
 """
@@ -134,7 +135,9 @@ def check_average_over_active_ranks(check, group):
                         param += float(group.rank + 1)  # c_r = r + 1
                 averager.average_parameters(params)
                 values = torch.cat([param.detach() for param in params])
-                check.check(bool((values == values[0]).all()), f"{name}: step {step}: the parameters differ")
+                # The two sizes may take different allreduce algorithms: the order of the sum differs.
+                check.close(values, np.full(values.numel(), values[0].item()), f"{name}: step {step}: the two "
+                            f"parameters", rtol=1e-12, atol=0)
                 trajectory.append(values[0].item())
         averager.finish()
         for step, value in enumerate(trajectory):
@@ -148,8 +151,8 @@ def check_average_over_active_ranks(check, group):
                 previous_common = expected - (group.rank + 1)
             else:
                 expected += np.mean([r + 1 for r in active])
-            check.check(value == expected, f"{name} under Join, step {step}: {value}, expected {expected} "
-                        f"(active ranks {active})")
+            check.check(np.isclose(value, expected, rtol=1e-12, atol=0), f"{name} under Join, step {step}: "
+                        f"{value}, expected {expected} (active ranks {active})")
 
 
 def check_throw_and_order(check, group):
