@@ -81,6 +81,12 @@ def test_torch_ddp_on_the_commlib_backend(cluster, layout):
     run_on_cluster(cluster, "torch_backend_ddp.py", *layout, timeout=180)
 
 
+def test_local_sgd_and_join_on_two_hosts(cluster):
+    # Subgroups follow hosts: post-local SGD's default subgroup, the hierarchical averager's pairs.
+    run_on_cluster(cluster, "local_sgd_exact.py", 4, 2, timeout=180)
+    run_on_cluster(cluster, "join_check.py", 4, 2, timeout=180)
+
+
 def test_train_digits(cluster):
     out = run_on_cluster(cluster, ROOT / "mpi_examples" / "train_digits.py", 2, 1, "--no-progress",
                          timeout=240).stdout

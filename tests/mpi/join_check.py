@@ -6,8 +6,8 @@ the ``with`` block (a hang is the test's timeout) and ends with bitwise identica
 * our DDP, both divisions: allclose (rtol 1e-10, float64) to torch's DDP under torch's Join on a
   gloo group of the same job, same data and initial weights (P=2: additions of two numbers in
   either order are equal; P=3: torch divides each gradient before summing, we after);
-* our DDP with PowerSGD (compressing from step 2), with ``no_sync`` micro-batches, and with
-  post-local SGD plus each averager (periodic, hierarchical, partial) in ``Join([model, averager])``;
+* our DDP with PowerSGD (compressing from step 2), with ``no_sync`` micro-batches, with
+  ``find_unused_parameters`` and BatchNorm buffers, and with post-local SGD plus each averager (periodic, hierarchical, partial) in ``Join([model, averager])``;
 * the averagers average over the ranks still in: every rank adds c_r to its parameters each
   step and averages every step; the parameters must follow p += mean of c_r over the active ranks
   (rtol 1e-12: a joined rank contributing its stale parameters, or counted in the divisor, is off
@@ -101,6 +101,26 @@ def check_hooks_and_no_sync(check, group):
     model = DDP(mlp())
     train(model, torch.optim.SGD(model.parameters(), lr=0.05), batches(group.rank), model.join(), micro=2)
     check_identical(check, group, flat(model.module), "no_sync micro-batches + Join")
+
+    # find_unused_parameters: a joined rank also shadows the used-parameter map's allreduce;
+    # the BatchNorm's buffers are broadcast before every forward (from the lowest active rank).
+    torch.manual_seed(0)
+    net = torch.nn.ModuleDict({"body": torch.nn.Linear(8, 16), "bn": torch.nn.BatchNorm1d(16),
+                               "head": torch.nn.Linear(16, 4), "unused": torch.nn.Linear(16, 4)}).double()
+
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net["head"](torch.tanh(self.net["bn"](self.net["body"](x))))
+
+    model = DDP(Branchy(), find_unused_parameters=True)
+    train(model, torch.optim.SGD(model.parameters(), lr=0.05), batches(group.rank), model.join())
+    check_identical(check, group, flat(model.module), "find_unused_parameters + BatchNorm + Join")
+    buffers = torch.cat([b.double().reshape(-1) for b in model.module.buffers()]).numpy()
+    check_identical(check, group, buffers, "BatchNorm buffers after Join")
 
 
 def check_averagers(check, group):

@@ -10,9 +10,11 @@ Local SGD's exact equivalences, float64 and plain SGD (no momentum), step by ste
   step 0), checked by the ranks' parameters being equal exactly at the expected steps;
 * with an even world size, a two-level hierarchy averages pairs at the small period and
   everyone at the large one;
-* an averager whose warm-up disagrees with the post-local SGD hook of its parameters raises.
+* an averager whose warm-up disagrees with the post-local SGD hook of its parameters raises;
+* post-local SGD's default subgroup is this rank's host (on several hosts: tests/test_multihost.py).
 """
 
+import socket
 import sys
 from pathlib import Path
 
@@ -159,6 +161,17 @@ def check_two_levels(check, group):
                     f"two levels, step {step}: pair ({group.rank}, {partner}) equal is {pair_equal}")
 
 
+def check_default_subgroup_is_the_host(check, group):
+    """Post-local SGD's default subgroup: the ranks of this host (host names gathered over MPI here)."""
+    names = group.comm.allgather(socket.gethostname())
+    mine = [r for r, name in enumerate(names) if name == names[group.rank]]
+    state = PostLocalSGDState(None, None, START)
+    check.check(state.subgroup.size == len(mine), f"default subgroup of {state.subgroup.size} ranks; this host has {mine}")
+    ones = np.ones(1)
+    state.subgroup.allreduce(ones)
+    check.check(ones[0] == len(mine), f"an allreduce over the default subgroup summed {ones[0]} ranks, expected {len(mine)}")
+
+
 def check_warmup_mismatch_raises(check, group):
     model = DDP(mlp())
     model.register_comm_hook(PostLocalSGDState(None, None, START, post_local_gradient_allreduce=False),
@@ -184,6 +197,7 @@ def main():
     check_hierarchical_one_level_is_periodic(check, group)
     check_two_levels(check, group)
     check_warmup_mismatch_raises(check, group)
+    check_default_subgroup_is_the_host(check, group)
     check.finish()
 
 
