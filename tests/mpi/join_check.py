@@ -175,6 +175,11 @@ def check_average_over_active_ranks(check, group):
                         f"{value}, expected {expected} (active ranks {active})")
 
 
+def check_bad_joinables(check, group):
+    check.raises(ValueError, lambda: Join([]), "Join([])", match="at least one")
+    check.raises(TypeError, lambda: Join([object()]), "Join([object()])", match="not a Joinable")
+
+
 def check_throw_and_order(check, group):
     model = DDP(mlp())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -196,6 +201,7 @@ def main():
     check_hooks_and_no_sync(check, group)
     check_averagers(check, group)
     check_average_over_active_ranks(check, group)
+    check_bad_joinables(check, group)
     check_throw_and_order(check, group)
     dist.destroy_process_group()
     check.finish()

@@ -11,7 +11,10 @@ Local SGD's exact equivalences, float64 and plain SGD (no momentum), step by ste
 * with an even world size, a two-level hierarchy averages pairs at the small period and
   everyone at the large one;
 * an averager whose warm-up disagrees with the post-local SGD hook of its parameters raises;
-* post-local SGD's default subgroup is this rank's host (on several hosts: tests/test_multihost.py).
+* post-local SGD's default subgroup is this rank's host (on several hosts: tests/test_multihost.py);
+* the partial averager averages every element exactly once per period, slice by slice as its
+  ``schedule`` says (balanced and round-robin), one step after launching it;
+* ``average_buffers=True`` averages BatchNorm's running statistics; bad arguments raise.
 """
 
 import socket
@@ -26,7 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import commlib  # noqa: E402
 from ddp import DistributedDataParallel as DDP  # noqa: E402
-from ddp.averaging import HierarchicalModelAverager, PeriodicModelAverager  # noqa: E402
+from ddp.averaging import HierarchicalModelAverager, PartialModelAverager, PeriodicModelAverager  # noqa: E402
 from ddp.hooks import PostLocalSGDState, post_localSGD_hook  # noqa: E402
 from ddp.optim import PostLocalSGDOptimizer  # noqa: E402
 from ddp.subgroups import host_of_each_rank  # noqa: E402
@@ -161,6 +164,67 @@ def check_two_levels(check, group):
                     f"two levels, step {step}: pair ({group.rank}, {partner}) equal is {pair_equal}")
 
 
+def check_partial_averages_each_element_once_per_period(check, group):
+    """No training (lr 0), rank-dependent parameters: an element is equal on every rank exactly
+    when its slice has been averaged; the slices follow ``.schedule``, one step late (the
+    averaging of step t is applied at the end of step t+1)."""
+    for strategy in ("balanced", "round_robin"):
+        torch.manual_seed(group.rank)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Linear(12, 3)).double()
+        for param in model.parameters():
+            param.grad = torch.zeros_like(param)
+        warmup, period = 2, 3
+        averager = PartialModelAverager(period, warmup_steps=warmup, module=model, schedule=strategy)
+        sizes = [p.numel() for p in model.parameters()]
+        offsets = np.cumsum([0] + sizes)
+        averaged = np.zeros(offsets[-1], bool)
+        for step in range(warmup + period + 1):
+            averager.average_parameters(model.parameters())
+            params = flat(model)
+            everyone = np.empty((group.size, params.size))
+            group.allgather(everyone, params)
+            equal = (everyone == everyone[0]).all(axis=0)
+            if step - 1 >= warmup:  # the slice launched at the previous call has landed
+                names = [name for name, _ in model.named_parameters()]
+                for name, start, stop in averager.schedule[(step - 1 - warmup) % period]:
+                    base = offsets[names.index(name)]
+                    averaged[base + start:base + stop] = True
+            if group.size > 1:  # (on one rank everything is "equal on every rank")
+                check.equal(equal, averaged, f"partial ({strategy}), after step {step}: elements equal on every rank")
+                mean = everyone.mean(axis=0)
+                check.close(params[averaged], mean[averaged], f"partial ({strategy}), step {step}: averaged elements",
+                            rtol=1e-12, atol=0)
+        check.check(averaged.all(), f"partial ({strategy}): not every element averaged within one period")
+        per_step = [sum(stop - start for _, start, stop in pieces) for pieces in averager.schedule]
+        if strategy == "balanced":
+            check.check(max(per_step) - min(per_step) <= 1, f"balanced schedule uneven: {per_step}")
+
+
+def check_buffers_and_bad_arguments(check, group):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).double()
+    model[1].running_mean.fill_(float(group.rank))
+    model[1].running_var.fill_(float(group.rank + 1))
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    PeriodicModelAverager(1, average_buffers=True, module=model).average_parameters(model.parameters())
+    mean = (group.size - 1) / 2
+    check.close(model[1].running_mean, np.full(4, mean), "average_buffers: running_mean")
+    check.close(model[1].running_var, np.full(4, mean + 1), "average_buffers: running_var")
+    check.check(int(model[1].num_batches_tracked) == 0, "average_buffers touched an integer buffer")
+    check.raises(ValueError, lambda: PeriodicModelAverager(1, average_buffers=True).average_parameters(
+        model.parameters()), "average_buffers without the module", match="module")
+    for what, make, match in (
+            ("no levels", lambda: HierarchicalModelAverager({}), "at least one period"),
+            ("last level not everyone", lambda: HierarchicalModelAverager({2: 1, 4: 1} if group.size > 1 else {2: 2}),
+             "whole group"),
+            ("decreasing periods", lambda: HierarchicalModelAverager({4: 1, 2: group.size}), "increasing"),
+            ("period 0", lambda: PeriodicModelAverager(0), "period"),
+            ("negative warm-up", lambda: PartialModelAverager(2, warmup_steps=-1), "warmup_steps"),
+            ("unknown schedule", lambda: PartialModelAverager(2, schedule="random"), "schedule")):
+        check.raises(ValueError, make, f"bad averager arguments: {what}", match=match)
+
+
 def check_default_subgroup_is_the_host(check, group):
     """Post-local SGD's default subgroup: the ranks of this host (host names gathered over MPI here)."""
     names = group.comm.allgather(socket.gethostname())
@@ -198,6 +262,8 @@ def main():
     check_two_levels(check, group)
     check_warmup_mismatch_raises(check, group)
     check_default_subgroup_is_the_host(check, group)
+    check_partial_averages_each_element_once_per_period(check, group)
+    check_buffers_and_bad_arguments(check, group)
     check.finish()
 
 
