@@ -100,6 +100,18 @@ class ProgressBoard:
             return "every on-node peer entered this collective (one of them may be stuck in it)"
         return "; ".join(parts)
 
+    def exited_before(self, seq: int) -> List[int]:
+        """On-node peers whose process exited before starting collective ``seq`` (it can never
+        complete with them). One that exited after starting it may have done its part."""
+        gone = []
+        for peer, slot in enumerate(self._slots):
+            if slot is None or peer == self.rank:
+                continue
+            value = int(slot[0])
+            if value & ((1 << _CODE_BITS) - 1) == EXITED_CODE and value >> _CODE_BITS < seq:
+                gone.append(peer)
+        return gone
+
     def mark_exited(self) -> None:
         if self.mine is not None:
             self.mine[0] = (int(self.mine[0]) >> _CODE_BITS << _CODE_BITS) | EXITED_CODE
