@@ -15,7 +15,7 @@ import commlib
 from commlib import ReduceOp
 from verdict import DTYPES, OPS, Checker
 
-ALGORITHMS = ["ring", "tree", "recursive_doubling", "rabenseifner"]
+ALGORITHMS = ["ring", "tree", "recursive_doubling", "rabenseifner", "hierarchical"]
 
 
 def rank_values(rank: int, count: int, op: ReduceOp) -> np.ndarray:
