@@ -20,7 +20,9 @@ from .auto import choose_allreduce, native_threshold
 from .config import Config
 from .errors import InvalidUsageError
 from .executor import CommExecutor
+from .crash_witness import witness_endpoint
 from .progress_board import ProgressBoard
+from .topology import discover_topology
 from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
 from .transports.mpi import MPITransport, raise_timeout
@@ -53,7 +55,10 @@ class ProcessGroup:
         self.device = device
         self.gpu_transport = gpu_transport or config.gpu_transport
         self.transport = MPITransport(comm)
-        self.progress = ProgressBoard(comm) if self.size > 1 else None
+        # Which ranks share a host: for algorithms (through the transport), auto, and timeouts.
+        self.topology = discover_topology(comm, witness_endpoint())
+        self.transport.topology = self.topology
+        self.progress = ProgressBoard(comm, self.topology) if self.size > 1 else None
         self.transport.progress_board = self.progress
         self._progress_slot = self.progress.mine_slot if self.progress is not None else None
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")

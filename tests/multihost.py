@@ -20,6 +20,7 @@ import pytest
 from mpirun import MPI_SCRIPTS, ROOT
 
 from commlib.cluster import Cluster, ClusterTimeout, unavailable_reason
+from commlib.cluster_netns import command, namespace_exists
 
 
 def make_cluster(hosts: int = 2, rate: Optional[str] = None) -> Cluster:
@@ -53,3 +54,14 @@ def run_on_cluster(cluster: Cluster, script, nprocs: int, ppn: int, *args, timeo
     if check and result.returncode != 0:
         pytest.fail(f"{what} exited with {result.returncode}\n--- output ---\n{result.stdout[-8000:]}")
     return result
+
+
+def processes_on_hosts(cluster: Cluster):
+    """``{hostname: [pids]}`` of what still runs on the cluster's hosts (after a job: nothing)."""
+    found = {}
+    for host in cluster.hostnames:
+        if namespace_exists(host):
+            pids = command(["ip", "netns", "pids", host], f"processes on {host}", check=False).stdout.split()
+            if pids:
+                found[host] = pids
+    return found
