@@ -73,6 +73,19 @@ def test_algorithms(cluster, layout):
     run_on_cluster(cluster, "algorithms_check.py", *layout, "16", timeout=120)
 
 
+# (ranks, ranks per host) -> the hosts' ranks hydra makes: in blocks of ppn, round-robin with -ppn 1.
+TOPOLOGIES = {(4, 2): "0,1/2,3", (2, 1): "0/1", (3, 2): "0,1/2", (5, 3): "0,1,2/3,4"}
+
+
+@pytest.mark.parametrize("placement", sorted(TOPOLOGIES), ids=lambda p: f"{p[0]}ranks-ppn{p[1]}")
+def test_topology_and_hierarchical_at_even_and_uneven_shapes(cluster, placement):
+    run_on_cluster(cluster, "topology_check.py", *placement, TOPOLOGIES[placement], timeout=120)
+
+
+def test_schedules_at_an_uneven_shape(cluster):
+    run_on_cluster(cluster, "algorithms_check.py", 3, 2, "16", "hierarchical,ring,rabenseifner", timeout=120)
+
+
 def test_ddp_equivalence(cluster, layout):
     nprocs, _ = layout
     models = ("mlp", "unused", "no_sync") if nprocs == 4 else ()
