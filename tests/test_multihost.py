@@ -103,3 +103,11 @@ def test_train_digits(cluster):
     assert accuracy, out
     # Its usual accuracy on one host (97.8%): the same training, the hosts are just farther apart.
     assert float(accuracy.group(1)) > 0.95, out
+
+
+def test_bench_says_which_ranks_share_a_host(cluster):
+    out = run_on_cluster(cluster, ROOT / "commlib" / "bench.py", 4, 2, "-b", "8", "-e", "64K", "-f", "64",
+                         "-n", "2", "-w", "1", "-a", "hierarchical,auto", timeout=120).stdout
+    h0, h1 = cluster.hostnames
+    assert f"# ranks per host: 2 hosts: {h0} [0,1], {h1} [2,3]" in out, out
+    assert "out of bounds values: 0 OK" in out, out
