@@ -6,6 +6,7 @@ TCP between). Host names do not resolve (as on many clusters), so this also cove
 allocated at finalize made every rank exit 15.
 """
 
+import json
 import re
 
 import pytest
@@ -106,8 +107,20 @@ def test_train_digits(cluster):
 
 
 def test_bench_says_which_ranks_share_a_host(cluster):
-    out = run_on_cluster(cluster, ROOT / "commlib" / "bench.py", 4, 2, "-b", "8", "-e", "64K", "-f", "64",
+    out = run_on_cluster(cluster, "-m commlib.bench", 4, 2, "-b", "8", "-e", "64K", "-f", "64",
                          "-n", "2", "-w", "1", "-a", "hierarchical,auto", timeout=120).stdout
     h0, h1 = cluster.hostnames
     assert f"# ranks per host: 2 hosts: {h0} [0,1], {h1} [2,3]" in out, out
     assert "out of bounds values: 0 OK" in out, out
+
+
+def test_costmodel_fit_measures_both_link_classes_and_drives_auto(cluster, tmp_path):
+    model = tmp_path / "model.json"
+    run_on_cluster(cluster, "-m commlib.costmodel", 4, 2, "fit", "--out", model,
+                   "--repeats", "3", timeout=180)
+    data = json.loads(model.read_text())
+    assert data["fitted_on"]["hosts"] == 2 and data["fitted_on"]["ranks_per_host"] == [2, 2]
+    assert set(data["samples"]) >= {"intra", "inter", "inter_all_lanes", "reduce", "calls_8B"}
+    assert data["links"]["inter"]["alpha"] > 0 and data["links"]["intra"]["beta"] > 0
+    run_on_cluster(cluster, "topology_check.py", 4, 2, "0,1/2,3", env={"COMMLIB_COST_MODEL": str(model)},
+                   timeout=120)

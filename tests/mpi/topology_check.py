@@ -39,6 +39,25 @@ def main():
                   for host, name in zip(expected, topology.host_names))
     check.check(sorted(zip(sub.topology.host_ranks, sub.topology.host_names)) == want,
                 f"subgroup topology {sub.topology.describe()}, expected {want}")
+    # "auto" across hosts: the fitted model's choice when COMMLIB_COST_MODEL names one, else the
+    # measured table (commlib/auto_hosts.py); one host: the single-host table, as before.
+    sizes = (8, 4096, 16384, 1 << 20, 64 << 20)
+    chosen = [pg.resolve_algorithm("auto", n) for n in sizes]
+    if pg.config.cost_model:
+        from commlib.costmodel import CostModel
+
+        model = CostModel.load(pg.config.cost_model)
+        want = [model.choose(n, topology.host_count, max(topology.ranks_per_host), commlib.algorithms())[0]
+                for n in sizes]
+    elif topology.spans_hosts and max(topology.ranks_per_host) > 1:
+        want = ["native", "recursive_doubling", "tree", "native", "hierarchical"]
+    elif topology.spans_hosts:
+        want = ["native", "recursive_doubling", "native", "native", "native"]
+    else:
+        from commlib.auto import choose_allreduce
+
+        want = [choose_allreduce(n, size, commlib.algorithms()) for n in sizes]
+    check.check(chosen == want, f"auto chose {chosen} at {sizes}, expected {want}")
     digests = []
     for count in (0, 1, size - 1, 7 * size + 3, 300_001, (3 << 20) // 4 + 5):  # the last is pipelined
         exact = (np.arange(count) % 5 + rank).astype(np.float32)
