@@ -181,7 +181,7 @@ def test_auto_across_hosts_follows_its_table_or_the_model():
     names = set(algorithm_names())
     two_by_two, two_by_one = Topology.from_shape(0, [2, 2]), Topology.from_shape(0, [1, 1])
     assert [choose_across_hosts(n, two_by_two, names) for n in (8, 4096, 16384, 4 << 20, 64 << 20)] == \
-        ["native", "recursive_doubling", "tree", "native", "hierarchical"]
+        ["native", "tree", "tree", "native", "hierarchical"]
     assert [choose_across_hosts(n, two_by_one, names) for n in (8, 8192, 64 << 20)] == \
         ["native", "recursive_doubling", "native"]
     assert native_threshold_across_hosts(two_by_two) == 2048

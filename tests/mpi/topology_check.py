@@ -50,7 +50,7 @@ def main():
         want = [model.choose(n, topology.host_count, max(topology.ranks_per_host), commlib.algorithms())[0]
                 for n in sizes]
     elif topology.spans_hosts and max(topology.ranks_per_host) > 1:
-        want = ["native", "recursive_doubling", "tree", "native", "hierarchical"]
+        want = ["native", "tree", "tree", "native", "hierarchical"]
     elif topology.spans_hosts:
         want = ["native", "recursive_doubling", "native", "native", "native"]
     else:
