@@ -15,20 +15,22 @@ from .algorithms import algorithm_names as _algorithm_names
 from .algorithms import register_algorithm
 from .config import Config, load_config
 from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
-                     InvalidUsageError)
+                     InvalidUsageError, PeerExitedError)
 from .group import ProcessGroup
 from .ops import ReduceOp
 from .runtime import init, is_initialized, shutdown, world
+from .topology import Topology
 from .transport import Pending, Transport
+from .transport_view import RankView
 from .work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
     "init", "world", "is_initialized", "shutdown", "algorithms", "register_algorithm",
-    "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Config", "load_config",
+    "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Topology", "RankView", "Config", "load_config",
     "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",
-    "GroupAbortedError",
+    "GroupAbortedError", "PeerExitedError",
 ]
 
 

@@ -27,7 +27,7 @@ from mpi4py import MPI
 __all__ = ["main", "parse_size"]
 
 BASELINE = "MPI_Allreduce"
-DEFAULT_ALGORITHMS = "native,ring,tree,recursive_doubling,rabenseifner,auto"
+DEFAULT_ALGORITHMS = "native,ring,tree,recursive_doubling,rabenseifner,hierarchical,auto"
 _SUFFIXES = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
              "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -175,6 +175,7 @@ def main(argv=None) -> int:
               f"segment_bytes {pg.segment_bytes}, {args.iters} iterations (+{args.warmup} warm-up), "
               f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
         print(f"# time: median over iterations of the slowest rank; ratio: time / {BASELINE}'s")
+        print(f"# ranks per host: {pg.topology.describe()}")
         print(HEADER, flush=True)
     nbytes = args.min_bytes
     while nbytes <= args.max_bytes:
@@ -194,7 +195,8 @@ def main(argv=None) -> int:
             row = dict(size=count * dtype.itemsize, count=count, dtype=dtype.name, algorithm=name,
                        time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * bus_factor,
                        wrong=wrong, ratio=seconds / baseline_time if baseline_time else float("nan"),
-                       ranks=size, segment_bytes=pg.segment_bytes)
+                       ranks=size, segment_bytes=pg.segment_bytes,
+                       hosts=[list(ranks) for ranks in pg.topology.host_ranks])
             rows.append(row)
             if rank == 0:
                 print(format_row(row), flush=True)

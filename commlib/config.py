@@ -11,6 +11,9 @@ variable                    meaning                                             
                             share a GPU; bytes go through host memory and MPI)
 ``COMMLIB_CRASH_WITNESS``   ``0``: no per-host witness process naming a rank killed    ``1``
                             by a signal (see :mod:`commlib.crash_witness`)
+``COMMLIB_COST_MODEL``      a cost model JSON (``python -m commlib.costmodel fit``):    (unset)
+                            ``"auto"`` picks its cheapest prediction for groups that
+                            span hosts
 ==========================  ========================================================  =========
 
 Tests change behaviour through arguments (``commlib.init(debug=True)``, ``segment_bytes=``),
@@ -76,6 +79,7 @@ class Config:
     segment_bytes: int = 1 << 20
     gpu_transport: str = "nccl"
     crash_witness: bool = True
+    cost_model: Optional[str] = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
@@ -93,6 +97,8 @@ class Config:
                                                     GPU_TRANSPORTS)
         if "COMMLIB_CRASH_WITNESS" in environ:
             values["crash_witness"] = _parse_bool("COMMLIB_CRASH_WITNESS", environ["COMMLIB_CRASH_WITNESS"])
+        if environ.get("COMMLIB_COST_MODEL", "").strip():
+            values["cost_model"] = environ["COMMLIB_COST_MODEL"].strip()
         return cls(**values)
 
 

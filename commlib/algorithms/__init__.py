@@ -62,6 +62,7 @@ def _register_builtins() -> None:
         ("tree", "allreduce_tree", "tree"),
         ("recursive_doubling", "allreduce_recursive_doubling", "recursive_doubling"),
         ("rabenseifner", "allreduce_rabenseifner", "rabenseifner"),
+        ("hierarchical", "allreduce_hierarchical", "hierarchical"),
     ):
         try:
             module = __import__(f"{__name__}.{module_name}", fromlist=[fn_name])
