@@ -1,12 +1,10 @@
 """Subgroups for local SGD and hierarchical averaging: which ranks share a host, and groups of k.
 
 Every function here is collective over ``group`` (each rank calls it, in the same order), and
-returns the subgroup this rank belongs to. Ranks of one host are found by exchanging a hash of
-each rank's host name (namespaced "hosts" on one machine have their own names).
-
-Hook-in point: when commlib groups know their topology (``group.topology``, being added to
-commlib), :func:`host_of_each_rank` should read it instead of exchanging host names; nothing
-else here needs to change.
+returns the subgroup this rank belongs to. Which ranks share a host comes from the group's
+topology (``group.topology``, MPI's shared-memory split, see :mod:`commlib.topology`) and, for a
+group without one, from exchanging a hash of each rank's host name (namespaced "hosts" on one
+machine have their own names). :func:`host_of_each_rank` is the one place that asks.
 """
 
 from __future__ import annotations
@@ -26,7 +24,11 @@ def _host_key() -> int:
 
 
 def host_of_each_rank(group) -> List[int]:
-    """Host number (0, 1, ... in order of first rank) of every rank of ``group``. Collective."""
+    """Host number (0, 1, ... in order of first rank) of every rank of ``group``. Collective
+    unless the group knows its topology (commlib groups do: ``group.topology``)."""
+    topology = getattr(group, "topology", None)
+    if topology is not None and hasattr(topology, "host_of"):
+        return [topology.host_of(rank) for rank in range(group.size)]
     keys = np.empty(group.size, np.int64)
     group.allgather(keys, np.array([_host_key()], np.int64))
     numbers = {}

@@ -5,9 +5,8 @@
 ``period_group_size_dict`` maps periods (increasing) to group sizes; the last size must be the
 whole group. At a step where several periods are due the largest wins: above, every 8 steps all
 16 ranks average, at the other even steps each group of 4. Groups of 4 are consecutive ranks
-after ordering ranks by host, so a group of a host's size is a host (the slow links are crossed
-only at the largest period); this is where the group's topology (``pg.topology``) will plug in
-(:mod:`ddp.subgroups`).
+after ordering ranks by host (the group's ``topology``, :mod:`ddp.subgroups`), so a group of a
+host's size is a host: the slow links are crossed only at the largest period.
 
 Counting differs from torch on purpose: periods are counted from the end of warm-up (step
 ``warmup_steps`` is the first average over everyone, as in ``PeriodicModelAverager``). torch's
