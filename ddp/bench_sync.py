@@ -97,8 +97,6 @@ def one_block(method, base, x, y, args, group):
     if averager is not None:
         sent += averager.bytes_sent - sent_before
     group.comm.Barrier()
-    del model, optimizer, averager
-    gc.collect()
     return elapsed / args.steps, sent / args.steps
 
 
@@ -138,6 +136,7 @@ def main(argv=None) -> None:
         order = args.sync[round_index % len(args.sync):] + args.sync[:round_index % len(args.sync)]
         for method in order:
             seconds, per_step = one_block(method, base, x, y, args, group)
+            gc.collect()  # the block's model is gone: one model's memory alive at a time
             samples[method].append(group.comm.allreduce(seconds, op=__import__("mpi4py").MPI.MAX))
             sent[method] = per_step
     if group.rank == 0:

@@ -20,8 +20,9 @@ torch spends up to three allreduces per iteration on the same facts.
 
 Rules (as torch's): list every Joinable whose collectives run in the loop, in the order they
 issue them within an iteration (``[model, averager]``), all on one process group; a Joinable
-that is not first but is called before the first one in an iteration raises ``RuntimeError``
-on every rank. Differences from torch: ``notify_join_context`` returns the ``Join`` (or None)
+that is not first but is called before the first one in an iteration, or one used inside a Join
+of its group that does not list it, raises ``RuntimeError`` on every rank (instead of leaving the
+others waiting for a joined rank until their timeout). Differences from torch: ``notify_join_context`` returns the ``Join`` (or None)
 rather than a work handle; buffers broadcast under Join come from the lowest active rank
 (rank 0 until it joins, as without Join; torch takes the highest).
 """
@@ -33,6 +34,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
+
+from commlib import ReduceOp
 
 __all__ = ["Join", "Joinable", "JoinHook"]
 
@@ -130,9 +133,13 @@ class Join:
         return active[0] if active else 0
 
     # -- the protocol ----------------------------------------------------------------------
+    _active: List["Join"] = []  # the enabled Joins entered and not yet exited (see notify_join_context)
+
     def __enter__(self):
         for index, joinable in enumerate(self._joinables):
             joinable._join_config = _JoinConfig(self if self._enable else None, index == 0)
+        if self._enable:
+            Join._active.append(self)
         return self
 
     def _exchange(self, flag: int) -> np.ndarray:
@@ -150,6 +157,14 @@ class Join:
         Returns the active ``Join``, or None outside one."""
         config = getattr(joinable, "_join_config", None)
         if config is None or config.context is None:
+            for active in Join._active:
+                if active.process_group is joinable.join_process_group:
+                    # A rank that joins would not shadow this Joinable's collectives: the others
+                    # would wait for it until their timeout. Say so now, on every rank.
+                    raise RuntimeError(
+                        f"Join (rank {active.rank}): {type(joinable).__name__} is used inside a Join over "
+                        f"its process group that does not list it; list every Joinable the loop uses, "
+                        f"in the order they issue collectives, e.g. Join([model, averager])")
             return None
         context = config.context
         if config.is_first:
@@ -188,12 +203,12 @@ class Join:
         finally:
             for joinable in self._joinables:
                 joinable._join_config = _JoinConfig()
+            if self in Join._active:
+                Join._active.remove(self)
 
     @staticmethod
     def last_joiner_rank(process_group, is_last_joiner: bool) -> int:
         """The highest rank among the last to join (collective): the source of the final model."""
         candidate = np.array([process_group.rank if is_last_joiner else -1], np.int64)
-        from commlib import ReduceOp
-
         process_group.allreduce(candidate, ReduceOp.MAX)
         return int(candidate[0])

@@ -1,8 +1,6 @@
 """The pure parts of communication-efficient DDP: the partial-sync plan, PowerSGD's linear
 algebra and byte formula, argument checks (no MPI needed)."""
 
-import itertools
-
 import numpy as np
 import pytest
 import torch

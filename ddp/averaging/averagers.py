@@ -33,7 +33,7 @@ from .utils import average_tensors, tensors_to_average
 __all__ = ["ModelAverager", "PeriodicModelAverager"]
 
 
-def _check_count(value, name: str, who: str, minimum: int) -> int:
+def check_count(value, name: str, who: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{who}: {name} must be an integer >= {minimum}, got {value!r}")
     return value
@@ -52,7 +52,7 @@ class ModelAverager(Joinable, abc.ABC):
 
             process_group = commlib.world()
         self.process_group = process_group
-        self.warmup_steps = _check_count(warmup_steps, "warmup_steps", type(self).__name__, 0)
+        self.warmup_steps = check_count(warmup_steps, "warmup_steps", type(self).__name__, 0)
         self.average_buffers = bool(average_buffers)
         self.module = module
         self.step = 0
@@ -143,7 +143,7 @@ class PeriodicModelAverager(ModelAverager):
     def __init__(self, period: int, warmup_steps: int = 0, process_group=None, *,
                  average_buffers: bool = False, module: Optional[torch.nn.Module] = None):
         super().__init__(process_group, warmup_steps=warmup_steps, average_buffers=average_buffers, module=module)
-        self.period = _check_count(period, "period", type(self).__name__, 1)
+        self.period = check_count(period, "period", type(self).__name__, 1)
 
     def _average(self, tensors, join, contribute) -> None:
         if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:

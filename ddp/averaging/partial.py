@@ -32,7 +32,7 @@ from autograd_bridge.tensors import to_array
 from commlib import ReduceOp
 
 from ..stats import MeteredGroup
-from .averagers import ModelAverager, _check_count
+from .averagers import ModelAverager, check_count
 from .schedule import STRATEGIES, plan_partial_sync
 
 __all__ = ["PartialModelAverager"]
@@ -60,7 +60,7 @@ class PartialModelAverager(ModelAverager):
     def __init__(self, period: int, warmup_steps: int = 0, process_group=None, *, schedule: str = "balanced",
                  average_buffers: bool = False, module: Optional[torch.nn.Module] = None):
         super().__init__(process_group, warmup_steps=warmup_steps, average_buffers=average_buffers, module=module)
-        self.period = _check_count(period, "period", type(self).__name__, 1)
+        self.period = check_count(period, "period", type(self).__name__, 1)
         if schedule not in STRATEGIES:
             raise ValueError(f"{type(self).__name__}: schedule must be one of {STRATEGIES}, got {schedule!r}")
         self.strategy = schedule

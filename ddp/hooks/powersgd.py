@@ -19,6 +19,8 @@ Where ours differs, on purpose:
 * Everything after the first allreduce runs in its done-callback on the group's communication
   thread, overlapped with the rest of backward; the Q allreduce issued from there takes its fixed
   place in the group's order (see :mod:`commlib.executor`), so buckets in flight never cross.
+* Error feedback sums gradient and error in the error buffer itself (torch adds into the bucket
+  and clones it every step: two more passes over the gradients and a bucket-sized temporary).
 * State is keyed by parameter (``GradBucket.parameter_indices``), not by bucket: the one-time
   bucket rebuild after the first backward cannot mismatch memorised errors (torch requires
   ``start_powerSGD_iter`` > 1 for that reason; here >= 1 suffices), and
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -183,12 +185,12 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket):
     grads = bucket.gradients()
     rank = state.matrix_approximation_rank
 
-    compressed: List[Tuple[int, torch.Tensor, int]] = []   # (index, M as n x m view, r)
-    uncompressed: List[torch.Tensor] = []
-    for index, grad in zip(indices, grads):
+    compressed: List[Tuple[int, int, int, int]] = []   # (position in the bucket, n, m, r)
+    uncompressed: List[int] = []
+    for position, grad in enumerate(grads):
         nm = matrix_shape(tuple(grad.shape))
         if nm is None:
-            uncompressed.append(grad)
+            uncompressed.append(position)
             state.total_numel_before_compression += 1
             state.total_numel_after_compression += 1
             continue
@@ -197,10 +199,10 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket):
         compress, before, after = should_compress(n, m, r, state.min_compression_rate)
         state.total_numel_before_compression += before
         if compress:
-            compressed.append((index, grad.view(n, m), r))
+            compressed.append((position, n, m, r))
             state.total_numel_after_compression += after
         else:
-            uncompressed.append(grad)
+            uncompressed.append(position)
             state.total_numel_after_compression += before
     if not compressed:
         # Nothing pays to compress: one plain average (torch runs three collectives here, and an
@@ -208,76 +210,82 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket):
         state.maybe_increase_iter(bucket)
         return group.allreduce(bucket.array(), ReduceOp.AVG, algorithm=bucket.algorithm, async_op=True)
 
+    # What this rank sends: its gradient plus, with error feedback, last step's error, summed
+    # into the error buffer itself (torch adds into the bucket and clones it: two passes over
+    # the gradients and a bucket-sized temporary more). After the reduction the buffer becomes
+    # "sent minus received", the next step's error.
+    sources = grads
     if state.use_error_feedback:
         for index, grad in zip(indices, grads):
             error = state.error_dict.get(index)
             if error is None:
                 state.error_dict[index] = grad.detach().clone()
             else:
-                grad.add_(error)
-                # The error buffer now holds what this rank wants to send; after decompression
-                # it becomes that minus what everyone received (no bucket-sized temporary).
-                error.copy_(grad)
+                error.add_(grad)
+        sources = [state.error_dict[index] for index in indices]
+    matrices = {position: sources[position].view(n, m) for position, n, m, _ in compressed}
 
     # Q factors: warm-started, or new random ones for the whole bucket (torch: one seed per
     # bucket, matrices drawn grouped by shape in order of first appearance).
-    if not state.warm_start or any(index not in state.q_memory_dict for index, _, _ in compressed):
+    keys = [indices[position] for position, _, _, _ in compressed]
+    if not state.warm_start or any(key not in state.q_memory_dict for key in keys):
         by_shape: "OrderedDict[tuple, list]" = OrderedDict()
-        for index, matrix, r in compressed:
-            by_shape.setdefault(tuple(matrix.shape), []).append((index, matrix.shape[1], r))
+        for key, (_, n, m, r) in zip(keys, compressed):
+            by_shape.setdefault((n, m), []).append((key, m, r))
         order = [entry for entries in by_shape.values() for entry in entries]
-        for (index, m, r), q in zip(order, _random_matrices(state, [(m, r) for _, m, r in order], dtype)):
-            state.q_memory_dict[index] = q.to(buffer.device)
-    qs = [state.q_memory_dict[index] for index, _, _ in compressed]
+        for (key, m, r), q in zip(order, _random_matrices(state, [(m, r) for _, m, r in order], dtype)):
+            state.q_memory_dict[key] = q.to(buffer.device)
+    qs = [state.q_memory_dict[key] for key in keys]
     for q in qs:
         orthogonalize_(q, state.orthogonalization_epsilon)
 
     # One allreduce for the uncompressed tensors and every P = M Q of the bucket.
-    uncompressed_numel = sum(t.numel() for t in uncompressed)
-    p_numel = sum(matrix.shape[0] * r for _, matrix, r in compressed)
-    first = torch.empty(uncompressed_numel + p_numel, dtype=dtype, device=buffer.device)
+    uncompressed_numel = sum(grads[position].numel() for position in uncompressed)
+    first = torch.empty(uncompressed_numel + sum(n * r for _, n, _, r in compressed), dtype=dtype,
+                        device=buffer.device)
     offset = 0
-    for tensor in uncompressed:
-        first[offset:offset + tensor.numel()].copy_(tensor.reshape(-1))
-        offset += tensor.numel()
+    for position in uncompressed:
+        count = grads[position].numel()
+        first[offset:offset + count].copy_(sources[position].reshape(-1))
+        offset += count
     ps = []
-    for (_, matrix, r), q in zip(compressed, qs):
-        p = first[offset:offset + matrix.shape[0] * r].view(matrix.shape[0], r)
-        torch.matmul(matrix, q, out=p)
+    for (position, n, _, r), q in zip(compressed, qs):
+        p = first[offset:offset + n * r].view(n, r)
+        torch.matmul(matrices[position], q, out=p)
         ps.append(p)
-        offset += matrix.shape[0] * r
-    second = torch.empty(sum(matrix.shape[1] * r for _, matrix, r in compressed), dtype=dtype,
-                         device=buffer.device)
+        offset += n * r
+    second = torch.empty(sum(m * r for _, _, m, r in compressed), dtype=dtype, device=buffer.device)
     first_work = group.allreduce(to_array(first), ReduceOp.SUM, algorithm=bucket.algorithm, async_op=True)
 
     def finish():
         # On the communication thread, right after the first allreduce, before any later bucket.
         offset = 0
         first[:uncompressed_numel].div_(world_size)
-        for tensor in uncompressed:
-            tensor.copy_(first[offset:offset + tensor.numel()].view_as(tensor))
-            offset += tensor.numel()
-        new_qts, offset = [], 0
-        for (_, matrix, r), p in zip(compressed, ps):
+        for position in uncompressed:
+            grad = grads[position]
+            grad.copy_(first[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+        qts, offset = [], 0
+        for (position, _, m, r), p in zip(compressed, ps):
             orthogonalize_(p, state.orthogonalization_epsilon)
             # Q^T = P^T M (r x m) reads M row by row: 8x faster on CPU than M^T P (75 vs 12 ms
             # for 4096 x 4096), same products; Q travels transposed, which changes no value.
-            qt = second[offset:offset + matrix.shape[1] * r].view(r, matrix.shape[1])
-            torch.matmul(p.t(), matrix, out=qt)
-            new_qts.append(qt)
-            offset += matrix.shape[1] * r
+            qt = second[offset:offset + m * r].view(r, m)
+            torch.matmul(p.t(), matrices[position], out=qt)
+            qts.append(qt)
+            offset += m * r
         group.allreduce(to_array(second), ReduceOp.SUM, algorithm=bucket.algorithm, async_op=True).wait()
         second.div_(world_size)
-        for (index, matrix, _), p, qt in zip(compressed, ps, new_qts):
-            torch.matmul(p, qt, out=matrix)
+        for key, (position, n, m, _), p, qt in zip(keys, compressed, ps, qts):
+            torch.matmul(p, qt, out=grads[position].view(n, m))
             if state.warm_start:
-                state.q_memory_dict[index].copy_(qt.t())
+                state.q_memory_dict[key].copy_(qt.t())
         if state.use_error_feedback:
             for index, grad in zip(indices, grads):
                 state.error_dict[index].sub_(grad)
         if not state.warm_start:
-            for index, _, _ in compressed:
-                del state.q_memory_dict[index]
+            for key in keys:
+                del state.q_memory_dict[key]
         state.maybe_increase_iter(bucket)
         return buffer
 

@@ -13,7 +13,8 @@ the ``with`` block (a hang is the test's timeout) and ends with bitwise identica
   (rtol 1e-12: a joined rank contributing its stale parameters, or counted in the divisor, is off
   by far more), for a small parameter and for one averaged in its own memory;
 * ``throw_on_early_termination=True`` raises ``RuntimeError`` on every rank in one iteration;
-* Joinables listed out of order (``[averager, model]``) raise ``RuntimeError`` on every rank.
+* Joinables listed out of order (``[averager, model]``), or an averager the Join does not list,
+  raise ``RuntimeError`` on every rank.
 """
 
 import sys
@@ -147,7 +148,7 @@ def check_average_over_active_ranks(check, group):
         for param in params:
             param.grad = torch.zeros_like(param)
         steps = 5 + 2 * group.rank
-        expected, trajectory = 0.0, []
+        expected, previous_common, trajectory = 0.0, 0.0, []
         with Join([averager]):
             for step in range(steps):
                 with torch.no_grad():
@@ -190,6 +191,8 @@ def check_throw_and_order(check, group):
     optimizer = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), averager)
     check.raises(RuntimeError, lambda: train(model, optimizer, batches(group.rank), Join([averager, model])),
                  "Join([averager, model])", match="order")
+    check.raises(RuntimeError, lambda: train(model, optimizer, batches(group.rank), Join([model])),
+                 "Join([model]) while an averager is used", match="does not list it")
 
 
 def main():
