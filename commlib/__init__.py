@@ -32,6 +32,6 @@ __all__ = [
 ]
 
 
-def algorithms():
-    """Names of the allreduce algorithms (for ``algorithm=``; ``"auto"`` is also accepted)."""
-    return _algorithm_names()
+def algorithms(collective: str = "allreduce"):
+    """Names of ``collective``'s algorithms (for ``algorithm=``; ``"auto"`` is also accepted)."""
+    return _algorithm_names(collective)
