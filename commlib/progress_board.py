@@ -19,7 +19,8 @@ from mpi4py import MPI
 __all__ = ["ProgressBoard", "COLLECTIVE_CODES"]
 
 COLLECTIVE_CODES = {"allreduce": 1, "broadcast": 2, "reduce": 3, "allgather": 4,
-                    "reduce_scatter": 5, "barrier": 6}
+                    "reduce_scatter": 5, "barrier": 6, "alltoall": 7, "alltoallv": 8,
+                    "alltoallv_counts": 9, "gather": 10, "scatter": 11}
 EXITED_CODE = 255  # written at interpreter exit, so peers can tell "exited" from "slow"
 _NAMES = {code: name for name, code in COLLECTIVE_CODES.items()}
 _CODE_BITS = 8

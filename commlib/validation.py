@@ -14,7 +14,8 @@ import numpy as np
 from .errors import InvalidUsageError
 from .ops import DTYPE_IS_FLOAT, SUPPORTED_DTYPE_NAMES
 
-__all__ = ["array_kind", "check_buffer", "check_root", "check_timeout", "check_no_overlap"]
+__all__ = ["array_kind", "check_buffer", "check_root", "check_timeout", "check_no_overlap", "check_counts",
+           "check_peer", "check_tag"]
 
 
 def array_kind(buf) -> str:
@@ -89,3 +90,47 @@ def check_timeout(timeout, what: str) -> float:
     if not (timeout > 0 and math.isfinite(timeout)):
         raise InvalidUsageError(f"{what}: timeout must be a positive finite number of seconds, got {timeout!r}")
     return timeout
+
+
+def check_counts(counts, size: int, collective: str, name: str, total: int, buffer_name: str) -> tuple:
+    """``size`` non-negative element counts that add up to the ``total`` of ``buffer_name``."""
+    try:
+        values = list(counts)
+    except TypeError:
+        raise InvalidUsageError(f"{collective}: {name} must be a sequence of {size} ints, got {counts!r}") from None
+    if len(values) != size:
+        raise InvalidUsageError(f"{collective}: {name} has {len(values)} entries; expected one per rank "
+                                f"(world size {size})")
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise InvalidUsageError(f"{collective}: {name}[{index}] must be an int, got {value!r}")
+        if value < 0:
+            raise InvalidUsageError(f"{collective}: {name}[{index}] is {value}; expected a count >= 0")
+    values = tuple(int(value) for value in values)
+    if sum(values) != total:
+        raise InvalidUsageError(f"{collective}: {name} add up to {sum(values)} elements; expected "
+                                f"{buffer_name}.size = {total}")
+    return values
+
+
+def check_peer(peer, size: int, rank: int, what: str, *, any_source: int = None) -> int:
+    """Another rank of the group (or ``any_source`` where a receive allows it)."""
+    if isinstance(peer, bool) or not isinstance(peer, numbers.Integral):
+        raise InvalidUsageError(f"{what}: the peer must be an int rank, got {peer!r}")
+    peer = int(peer)
+    if any_source is not None and peer == any_source:
+        return peer
+    if not 0 <= peer < size:
+        raise InvalidUsageError(f"{what}: rank {peer} out of range; expected 0 <= rank < {size}")
+    if peer == rank:
+        raise InvalidUsageError(f"{what}: rank {rank} cannot exchange a message with itself; expected "
+                                f"another rank of the group")
+    return peer
+
+
+def check_tag(tag, limit: int, what: str) -> int:
+    if isinstance(tag, bool) or not isinstance(tag, numbers.Integral):
+        raise InvalidUsageError(f"{what}: tag must be an int, got {tag!r}")
+    if not 0 <= tag < limit:
+        raise InvalidUsageError(f"{what}: tag {tag} out of range; expected 0 <= tag < {limit}")
+    return int(tag)

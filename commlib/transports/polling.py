@@ -24,9 +24,17 @@ SLEEP_AFTER_SECONDS = 5e-3
 MAX_SLEEP_SECONDS = 5e-4
 
 
-def wait_all(requests, deadline: float) -> bool:
-    """Complete ``requests``; return False if ``deadline`` (``time.monotonic``) passed first."""
-    testall = MPI.Request.Testall
+def wait_all(requests, deadline: float, statuses=None) -> bool:
+    """Complete ``requests``; return False if ``deadline`` (``time.monotonic``) passed first.
+
+    ``statuses``: a list of ``MPI.Status``, one per request, filled on completion (receives
+    with ``ANY_SOURCE`` learn the sender from it).
+    """
+    if statuses is not None:
+        def testall(requests, _testall=MPI.Request.Testall):
+            return _testall(requests, statuses)
+    else:
+        testall = MPI.Request.Testall
     if testall(requests):
         return True
     sched_yield = os.sched_yield
