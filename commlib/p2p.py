@@ -241,9 +241,12 @@ class PointToPoint:
         except MPI.Exception:
             pass
         grace = time.monotonic() + CANCEL_GRACE_SECONDS
+        still_out = ""
         while not request.Test(operation.status):
             if time.monotonic() > grace:  # MPI could not take the send back: keep its buffer alive
                 self._abandoned.append(operation)
+                still_out = (f"; MPI could not take the message back, so a receive rank "
+                             f"{operation.peer} posts later with tag {operation.tag} will still get it")
                 break
         else:
             if not operation.status.Is_cancelled():
@@ -251,7 +254,7 @@ class PointToPoint:
         waiting = "receive" if operation.kind == "send" else "send"
         peer = "any rank" if operation.peer == ANY_SOURCE else f"rank {operation.peer}"
         return CommTimeoutError(f"{self._describe(operation)} timed out after {operation.timeout:g} s "
-                                f"waiting for {peer} to post the matching {waiting}")
+                                f"waiting for {peer} to post the matching {waiting}{still_out}")
 
     def _check_received(self, operation: _Operation) -> Optional[BaseException]:
         if operation.kind != "recv":
@@ -264,8 +267,10 @@ class PointToPoint:
         return None
 
     def _mpi_error(self, operation: _Operation, exc) -> BaseException:
-        return CommError(f"{self._describe(operation)}: the message does not fit the receive buffer "
-                         f"of {format_bytes(operation.buf.nbytes)}: {exc}")
+        if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+            return CommError(f"{self._describe(operation)}: the message does not fit the receive buffer "
+                             f"of {format_bytes(operation.buf.nbytes)}: {exc}")
+        return CommError(f"{self._describe(operation)} failed in MPI: {exc}")
 
     def _check_open(self) -> None:
         if self._closed:
