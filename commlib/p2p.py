@@ -105,7 +105,9 @@ class PointToPoint:
 
         Raises :class:`CommTimeoutError` naming the missing ranks (all of them with
         ``wait_all_ranks``, else the lowest) on rank 0 and on every rank that arrived; a rank
-        that arrives late, or waits for a rank 0 that never came, times out naming rank 0.
+        that arrives late, or waits for a rank 0 that never came, times out naming rank 0. The
+        other ranks wait up to twice ``timeout`` for rank 0's verdict: rank 0 may arrive up to
+        ``timeout`` after them and then wait ``timeout`` itself.
         """
         timeout = self.timeout if timeout is None else check_timeout(timeout, "monitored_barrier")
         self._check_open()
@@ -118,9 +120,9 @@ class PointToPoint:
         if self.rank != 0:
             token, verdict = np.ones(1, np.uint8), np.zeros(self.size, np.uint8)
             requests = [self.comm.Isend(as_bytes(token), 0, tag), self.comm.Irecv(as_bytes(verdict), 0, tag)]
-            if not wait_all(requests, deadline):
+            if not wait_all(requests, deadline + timeout):
                 _cancel_quietly(requests)
-                raise CommTimeoutError(f"{what} timed out after {timeout:g} s waiting for rank 0 to "
+                raise CommTimeoutError(f"{what} timed out after {2 * timeout:g} s waiting for rank 0 to "
                                        f"release it (rank 0 did not arrive, or this rank came too late)")
             missing = [peer for peer in range(self.size) if verdict[peer]]
             if missing:
