@@ -34,6 +34,11 @@ def wait_all(requests, deadline: float, statuses=None) -> bool:
         def testall(requests, _testall=MPI.Request.Testall):
             return _testall(requests, statuses)
     else:
+        if len(requests) == 1:  # one request (a native collective): Test is a third of Testall's cost
+            test = requests[0].Test
+            for _ in range(POLLS_PER_YIELD):
+                if test():
+                    return True
         testall = MPI.Request.Testall
     if testall(requests):
         return True

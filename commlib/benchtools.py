@@ -1,0 +1,77 @@
+"""What the benchmark CLIs share: sizes in and out, timing over ranks, dtypes, nccl-tests' bus bandwidth.
+
+Used by ``python -m commlib.bench`` and ``python -m autograd_bridge.bench``. Timing rule: every
+iteration starts from a barrier, the row reports the median over iterations of the slowest
+rank's time (the collective is done when its last rank is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from .transport import format_bytes
+
+__all__ = ["parse_size", "format_size", "resolve_dtype", "time_slowest_rank", "bus_factor", "BUS_FACTORS"]
+
+format_size = format_bytes  # "8 B", "64 KiB", "4 MiB": one formatter for every table and message
+
+_SUFFIXES = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+             "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``"8"``, ``"64K"``, ``"4MiB"`` -> bytes."""
+    stripped = text.strip().upper()
+    digits = stripped.rstrip("KMGIB")
+    suffix = stripped[len(digits):]
+    if not digits.isdigit() or suffix not in _SUFFIXES:
+        raise argparse.ArgumentTypeError(f"size {text!r}: expected an integer with an optional K/M/G suffix")
+    return int(digits) * _SUFFIXES[suffix]
+
+
+def resolve_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+# nccl-tests' bus bandwidth: the per-link traffic of a bandwidth-optimal algorithm, as a factor of
+# algbw = size / time (PERFORMANCE.md of nccl-tests).
+BUS_FACTORS = {
+    "allreduce": lambda p: 2 * (p - 1) / p,
+    "allgather": lambda p: (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "alltoall": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+}
+
+
+def bus_factor(collective: str, world_size: int) -> float:
+    return BUS_FACTORS[collective](world_size) if world_size > 1 else 1.0
+
+
+def time_slowest_rank(comm, run, reset, iters: int, warmup: int) -> float:
+    """Median over ``iters`` timed calls of ``run()`` of the slowest rank's seconds.
+
+    ``reset()`` runs before each call, outside the timing (fresh inputs); every call starts on a
+    barrier of ``comm`` (an mpi4py communicator).
+    """
+    from mpi4py import MPI
+
+    times = np.empty(iters)
+    for iteration in range(warmup + iters):
+        reset()
+        comm.Barrier()
+        start = time.perf_counter()
+        run()
+        elapsed = time.perf_counter() - start
+        if iteration >= warmup:
+            times[iteration - warmup] = elapsed
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return float(np.median(times))
