@@ -10,12 +10,13 @@ Run::
 For each size it first times the MPI library's collective called directly through mpi4py
 (``MPI_Allreduce`` in place, ``MPI_Bcast``, ``MPI_Reduce``, ``MPI_Allgather``,
 ``MPI_Reduce_scatter_block``, ``MPI_Alltoall``; not through commlib), then each commlib
-algorithm through its ``ProcessGroup`` method (rooted collectives: root 0). Every timed
-iteration starts from a fresh copy of the rank-derived input and on a barrier; a row reports the
-median over iterations of the slowest rank's time, algbw = size / time, busbw = algbw times
+algorithm through its ``ProcessGroup`` method (rooted collectives: root 0). The contenders of
+one size take turns (every iteration calls each once, the first rotating), so drift of a shared
+machine hits them alike; every call starts from a fresh copy of the rank-derived input and on a
+barrier; a row reports the median over iterations of the slowest rank's time, algbw = size / time, busbw = algbw times
 nccl-tests' factor (allreduce 2(P-1)/P; allgather, reduce_scatter, alltoall (P-1)/P; broadcast,
-reduce 1), #wrong = elements that differ from the closed-form result after the last iteration
-(summed over ranks), and the ratio of the row's time to the MPI library's. ``size`` is the
+reduce 1), #wrong = elements that differ from the closed-form result after one more call of the
+contender (summed over ranks), and the ratio of the row's time to the MPI library's. ``size`` is the
 buffer for allreduce, broadcast and reduce, the whole output for allgather, the whole input for
 reduce_scatter and alltoall (nccl-tests' convention; also what ``"auto"`` is keyed on).
 """
@@ -30,7 +31,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .benchtools import bus_factor, parse_size, resolve_dtype, time_slowest_rank
+from .benchtools import bus_factor, parse_size, resolve_dtype, time_interleaved
 
 __all__ = ["main", "parse_size", "COLLECTIVES", "BASELINES"]
 
@@ -223,14 +224,15 @@ def main(argv=None) -> int:
     nbytes = args.min_bytes
     while nbytes <= args.max_bytes:
         setup = Setup(collective, comm, pg, max(1, nbytes // dtype.itemsize), dtype, args.op)
-        contenders = ([] if args.no_baseline else [(baseline, setup.baseline)]) + [
-            (name, lambda name=name: setup.ours(name)) for name in algorithms]
-        baseline_time = None
-        for name, run in contenders:
-            seconds = time_slowest_rank(comm, run, setup.reset, args.iters, args.warmup)
+        contenders = {} if args.no_baseline else {baseline: setup.baseline}
+        contenders.update({name: (lambda name=name: setup.ours(name)) for name in algorithms})
+        timings = time_interleaved(comm, contenders, setup.reset, args.iters, args.warmup)
+        baseline_time = timings.get(baseline)
+        for name, run in contenders.items():
+            setup.reset()  # each contender's result is checked on its own run
+            run()
             wrong = comm.allreduce(setup.wrong())
-            if name == baseline:
-                baseline_time = seconds
+            seconds = timings[name]
             algbw = setup.nbytes / seconds / 1e9
             row = dict(collective=collective, size=setup.nbytes, count=setup.count, dtype=dtype.name,
                        algorithm=name, time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * factor,

@@ -1,8 +1,8 @@
 """What the benchmark CLIs share: sizes in and out, timing over ranks, dtypes, nccl-tests' bus bandwidth.
 
 Used by ``python -m commlib.bench`` and ``python -m autograd_bridge.bench``. Timing rule: every
-iteration starts from a barrier, the row reports the median over iterations of the slowest
-rank's time (the collective is done when its last rank is).
+call starts from a barrier, the contenders of one size take turns, and a row reports the median
+over iterations of the slowest rank's time (the collective is done when its last rank is).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 
 from .transport import format_bytes
 
-__all__ = ["parse_size", "format_size", "resolve_dtype", "time_slowest_rank", "bus_factor", "BUS_FACTORS"]
+__all__ = ["parse_size", "format_size", "resolve_dtype", "time_interleaved", "bus_factor", "BUS_FACTORS"]
 
 format_size = format_bytes  # "8 B", "64 KiB", "4 MiB": one formatter for every table and message
 
@@ -56,22 +56,28 @@ def bus_factor(collective: str, world_size: int) -> float:
     return BUS_FACTORS[collective](world_size) if world_size > 1 else 1.0
 
 
-def time_slowest_rank(comm, run, reset, iters: int, warmup: int) -> float:
-    """Median over ``iters`` timed calls of ``run()`` of the slowest rank's seconds.
+def time_interleaved(comm, contenders, reset, iters: int, warmup: int) -> dict:
+    """``{name: median seconds of the slowest rank}`` for ``contenders`` (``{name: run}``), interleaved.
 
+    One iteration calls every contender once, the first one rotating from iteration to
+    iteration (the same order on every rank: the calls are collective), so a slow spell of a
+    shared machine lands on all of them alike and their ratios hold while absolute times drift.
     ``reset()`` runs before each call, outside the timing (fresh inputs); every call starts on a
     barrier of ``comm`` (an mpi4py communicator).
     """
     from mpi4py import MPI
 
-    times = np.empty(iters)
+    names = list(contenders)
+    times = np.empty((len(names), iters))
     for iteration in range(warmup + iters):
-        reset()
-        comm.Barrier()
-        start = time.perf_counter()
-        run()
-        elapsed = time.perf_counter() - start
-        if iteration >= warmup:
-            times[iteration - warmup] = elapsed
+        for offset in range(len(names)):
+            index = (iteration + offset) % len(names)
+            reset()
+            comm.Barrier()
+            start = time.perf_counter()
+            contenders[names[index]]()
+            elapsed = time.perf_counter() - start
+            if iteration >= warmup:
+                times[index, iteration - warmup] = elapsed
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    return float(np.median(times))
+    return {name: float(np.median(times[index])) for index, name in enumerate(names)}

@@ -439,6 +439,19 @@ def test_bruck_alltoall_takes_ceil_log2_p_rounds_of_half_the_blocks(size):
         assert {r.nbytes for r in sends} == {moving * block * 2}
 
 
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+def test_flat_broadcast_and_scattered_alltoall_take_one_step(size):
+    root = size - 1
+    bufs = [np.zeros(4, np.int32) for _ in range(size)]
+    records = record("broadcast", "flat", size, lambda fn, t, r: fn(t, bufs[r], root))
+    assert sorted((r.src, r.dst) for r in records) == [(root, peer) for peer in range(size) if peer != root]
+    inps = alltoall_blocks(size, 2, np.int32)
+    outs = [np.empty(2 * size, np.int32) for _ in range(size)]
+    records = record("alltoall", "scattered", size, lambda fn, t, r: fn(t, outs[r], inps[r]))
+    assert len({r.step for r in records}) == 1
+    assert sorted((r.src, r.dst) for r in records) == [(a, b) for a in range(size) for b in range(size) if a != b]
+
+
 @pytest.mark.parametrize("size", [2, 3, 4, 5, 7, 8])
 def test_dissemination_barrier_takes_ceil_log2_p_rounds(size):
     records = record("barrier", "dissemination", size, lambda fn, t, r: fn(t))
