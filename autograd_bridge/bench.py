@@ -25,6 +25,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from commlib.benchtools import format_size
+
 SIZES = (8, 64, 512, 4096, 8192, 65536, 1 << 20)
 MLP_WIDTHS = (1024, 4096, 4096, 1024)
 
@@ -83,13 +85,6 @@ def ddp_step_times(groups: dict, steps: int = 5, warmup: int = 2, batch: int = 1
     return times
 
 
-def _format_size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
-
-
 def main(argv=None) -> None:
     import autograd_bridge
 
@@ -123,7 +118,7 @@ def main(argv=None) -> None:
             row[f"{name}_busbw"] = nbytes / seconds * 2 * (size - 1) / size / 1e9 if size > 1 else 0.0
         row["ratio"] = row["gloo_us"] / row["commlib_us"]
         results["allreduce"].append(row)
-        say(f"{_format_size(nbytes):>9} {row['count']:>7} {row['commlib_us']:>11.1f} {row['gloo_us']:>9.1f} "
+        say(f"{format_size(nbytes):>9} {row['count']:>7} {row['commlib_us']:>11.1f} {row['gloo_us']:>9.1f} "
             f"{row['ratio']:>12.1f} {row['commlib_busbw']:>18.3f} {row['gloo_busbw']:>15.3f} "
             f"{row['commlib_wrong'] + row['gloo_wrong']:>6}")
 
