@@ -6,19 +6,21 @@ Run::
     mpiexec -n 2 python -m commlib.bench --collective allgather -b 1M -e 64M -f 4 --json out.json
     mpiexec -n 4 python -m commlib.bench --collective broadcast -a binomial,chain,native
 
-``--collective`` is allreduce (default), broadcast, reduce, allgather, reduce_scatter or alltoall.
+``--collective`` is allreduce (default), broadcast, reduce, allgather, reduce_scatter, alltoall,
+gather or scatter.
 For each size it first times the MPI library's collective called directly through mpi4py
 (``MPI_Allreduce`` in place, ``MPI_Bcast``, ``MPI_Reduce``, ``MPI_Allgather``,
-``MPI_Reduce_scatter_block``, ``MPI_Alltoall``; not through commlib), then each commlib
+``MPI_Reduce_scatter_block``, ``MPI_Alltoall``, ``MPI_Gather``, ``MPI_Scatter``; not through
+commlib), then each commlib
 algorithm through its ``ProcessGroup`` method (rooted collectives: root 0). The contenders of
 one size take turns (every iteration calls each once, the first rotating), so drift of a shared
 machine hits them alike; every call starts from a fresh copy of the rank-derived input and on a
 barrier; a row reports the median over iterations of the slowest rank's time, algbw = size / time, busbw = algbw times
-nccl-tests' factor (allreduce 2(P-1)/P; allgather, reduce_scatter, alltoall (P-1)/P; broadcast,
-reduce 1), #wrong = elements that differ from the closed-form result after one more call of the
+nccl-tests' factor (allreduce 2(P-1)/P; allgather, reduce_scatter, alltoall, gather, scatter
+(P-1)/P; broadcast, reduce 1), #wrong = elements that differ from the closed-form result after one more call of the
 contender (summed over ranks), and the ratio of the row's time to the MPI library's. ``size`` is the
-buffer for allreduce, broadcast and reduce, the whole output for allgather, the whole input for
-reduce_scatter and alltoall (nccl-tests' convention; also what ``"auto"`` is keyed on).
+buffer for allreduce, broadcast and reduce, the whole output for allgather and gather, the whole
+input for reduce_scatter, alltoall and scatter (nccl-tests' convention; also what ``"auto"`` is keyed on).
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from .benchtools import bus_factor, parse_size, resolve_dtype, time_interleaved
 
 __all__ = ["main", "parse_size", "COLLECTIVES", "BASELINES"]
 
-COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 BASELINES = {"allreduce": "MPI_Allreduce", "broadcast": "MPI_Bcast", "reduce": "MPI_Reduce",
              "allgather": "MPI_Allgather", "reduce_scatter": "MPI_Reduce_scatter_block",
-             "alltoall": "MPI_Alltoall"}
+             "alltoall": "MPI_Alltoall", "gather": "MPI_Gather", "scatter": "MPI_Scatter"}
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
 REDUCING = ("allreduce", "reduce", "reduce_scatter")
 ROOT = 0
 _COMBINE = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
@@ -137,6 +140,20 @@ class Setup:
             self.target = np.empty(block, dtype)
             self.pristine = np.zeros(block, dtype)
             self.expected = reduction(size, block * size, dtype, op)[rank * block:(rank + 1) * block]
+        elif collective == "gather":  # only the root's output is checked
+            self.count = block * size
+            self.inp = rank_input(rank, block, dtype, op)
+            self.target = np.empty(block * size if rank == ROOT else 0, dtype)
+            self.pristine = np.zeros_like(self.target)
+            self.expected = (np.concatenate([rank_input(r, block, dtype, op) for r in range(size)])
+                             if rank == ROOT else self.pristine)
+        elif collective == "scatter":
+            self.count = block * size
+            self.inp = (np.concatenate([rank_input(r, block, dtype, op) for r in range(size)])
+                        if rank == ROOT else None)
+            self.target = np.empty(block, dtype)
+            self.pristine = np.zeros(block, dtype)
+            self.expected = rank_input(rank, block, dtype, op)
         elif collective == "allgather":
             self.count = block * size
             self.inp = rank_input(rank, block, dtype, op)
@@ -169,6 +186,14 @@ class Setup:
         elif collective == "allgather":
             self.baseline = lambda: comm.Allgather([inp, MPI.BYTE], byte_view)
             self.ours = lambda name: pg.allgather(target, inp, algorithm=name)
+        elif collective == "gather":
+            root_out = byte_view if rank == ROOT else None
+            self.baseline = lambda: comm.Gather([inp, MPI.BYTE], root_out, root=ROOT)
+            self.ours = lambda name: pg.gather(target if rank == ROOT else None, inp, ROOT, algorithm=name)
+        elif collective == "scatter":
+            root_in = [inp, MPI.BYTE] if rank == ROOT else None
+            self.baseline = lambda: comm.Scatter(root_in, byte_view, root=ROOT)
+            self.ours = lambda name: pg.scatter(target, inp, ROOT, algorithm=name)
         elif collective == "reduce_scatter":
             self.baseline = lambda: comm.Reduce_scatter_block([inp, block, datatype], [target, block, datatype], mpi_op)
             self.ours = lambda name: pg.reduce_scatter(target, inp, commlib_op, algorithm=name)
@@ -215,7 +240,7 @@ def main(argv=None) -> int:
     if rank == 0:
         print(f"# commlib {collective} benchmark: {size} ranks, dtype {dtype.name}"
               + (f", op {args.op}" if collective in REDUCING else "")
-              + (f", root {ROOT}" if collective in ("broadcast", "reduce") else "")
+              + (f", root {ROOT}" if collective in ROOTED else "")
               + f", segment_bytes {pg.segment_bytes}, {args.iters} iterations (+{args.warmup} warm-up), "
               f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
         print(f"# time: median over iterations of the slowest rank; busbw = algbw x {factor:.3g}; "

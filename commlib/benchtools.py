@@ -1,6 +1,7 @@
 """What the benchmark CLIs share: sizes in and out, timing over ranks, dtypes, nccl-tests' bus bandwidth.
 
-Used by ``python -m commlib.bench`` and ``python -m autograd_bridge.bench``. Timing rule: every
+Used by ``python -m commlib.bench``, ``python -m autograd_bridge.bench`` and ``python -m ddp.bench``
+(it knows no torch: the torch benchmarks hand it their models and step functions). Timing rule: every
 call starts from a barrier, the contenders of one size take turns, and a row reports the median
 over iterations of the slowest rank's time (the collective is done when its last rank is).
 """
@@ -14,7 +15,8 @@ import numpy as np
 
 from .transport import format_bytes
 
-__all__ = ["parse_size", "format_size", "resolve_dtype", "time_interleaved", "bus_factor", "BUS_FACTORS"]
+__all__ = ["parse_size", "format_size", "resolve_dtype", "time_interleaved", "step_in_turn", "bus_factor",
+           "BUS_FACTORS"]
 
 format_size = format_bytes  # "8 B", "64 KiB", "4 MiB": one formatter for every table and message
 
@@ -47,6 +49,8 @@ BUS_FACTORS = {
     "allgather": lambda p: (p - 1) / p,
     "reduce_scatter": lambda p: (p - 1) / p,
     "alltoall": lambda p: (p - 1) / p,
+    "gather": lambda p: (p - 1) / p,
+    "scatter": lambda p: (p - 1) / p,
     "broadcast": lambda p: 1.0,
     "reduce": lambda p: 1.0,
 }
@@ -81,3 +85,29 @@ def time_interleaved(comm, contenders, reset, iters: int, warmup: int) -> dict:
                 times[index, iteration - warmup] = elapsed
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
     return {name: float(np.median(times[index])) for index, name in enumerate(names)}
+
+
+def step_in_turn(factories, step, barrier, steps: int, warmup: int, on_sample=None) -> dict:
+    """Build every model of ``factories``, then step them in turn: ``{key: [seconds per step]}``.
+
+    Each of ``warmup + steps`` turns calls ``step(key, model)`` once per key, the first key
+    rotating from turn to turn, each call after ``barrier()`` (so every rank times the same
+    configuration at once); ``on_sample(key, model)`` runs after each timed step. All models are
+    alive at once, so a slow spell of the machine lands on all of them alike (ratios between
+    configurations hold while absolute step times drift 10-20%), and all are freed on return.
+    """
+    models = {key: factory() for key, factory in factories.items()}
+    keys = list(models)
+    samples = {key: [] for key in keys}
+    for turn in range(warmup + steps):
+        for offset in range(len(keys)):
+            key = keys[(turn + offset) % len(keys)]
+            barrier()
+            start = time.perf_counter()
+            step(key, models[key])
+            elapsed = time.perf_counter() - start
+            if turn >= warmup:
+                samples[key].append(elapsed)
+                if on_sample is not None:
+                    on_sample(key, models[key])
+    return samples
