@@ -1,9 +1,12 @@
 """``ProcessGroup``: the collectives of one set of ranks.
 
 A group owns an MPI communicator (dup'ed, so our traffic never mixes with the user's), the MPI
-transport over it, a :class:`CommExecutor` (the ordering and the communication thread), and,
-created on first GPU use, a GPU backend. Each public method validates its arguments in the
-caller's thread, then issues one task that runs the collective against a transport.
+transport over it, a :class:`CommExecutor` (the ordering and the communication thread), a
+point-to-point channel on a communicator of its own (:mod:`.p2p`), and, created on first GPU
+use, a GPU backend. Each collective validates its arguments in the caller's thread, then issues
+one task that runs the collective against a transport. This file holds allreduce and the
+group's machinery; the other collectives are in :mod:`.collectives`, point-to-point in
+:mod:`.p2p` (both mixed in).
 """
 
 from __future__ import annotations
