@@ -20,16 +20,15 @@ tensors go through a contiguous copy that is copied back.
 Creating a group, with the check that torch's ranks are MPI's, and ``init_process_group``
 (a TCPStore found over MPI) are in :mod:`.rendezvous`.
 
-Ordering: all collectives of a group get one global issue order (commlib's executor), whatever
-thread issues them (the caller's thread, DDP's autograd thread, a comm hook's callback). The
-order is identical on every rank only if every rank *issues* in the same order. torch's DDP
-launches its buckets in a fixed order; a hook that issues more collectives from a completion
-callback while the next bucket is being launched (PowerSGD with several buckets in flight) races
-with the autograd thread (gloo assigns its tags at issue time too, so it should share the
-problem; not verified); with one bucket in flight it is deterministic (tested).
+Ordering: all collectives of a group run in one order, the same on every rank, whatever thread
+issues them (the caller's thread, DDP's autograd thread, a comm hook's callback): commlib's
+executor numbers them when they start, runs done-callbacks (which complete the torch futures
+here) on the group's communication thread right after their collective, and runs a collective
+issued from such a callback at once. So PowerSGD with several buckets in flight gives every rank
+the same order (see :mod:`commlib.executor` for the rule, :mod:`.backend_work` for the futures).
 
 Completion: a sync call returns an already completed Work; an async one a Work over a torch
-Future completed by the group's completion thread (why that thread: :mod:`.backend_work`).
+Future completed by an ordered done-callback of the collective.
 Tensors reach commlib as array views or copied-back copies (:mod:`.staging`), torch's reduce
 ops as commlib's or as bitwise ufuncs (:mod:`.reduce_ops`).
 """
@@ -61,7 +60,7 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
     def __init__(self, group: "commlib.ProcessGroup"):
         super().__init__(group.rank, group.size)
         self.commlib_group = group
-        self._completer = Completer(f"commlib-torch-completion-{group.name}")
+        self._completer = Completer()
         self._done = self._completer.done
         # The hot path's cached numpy view (holds at most one small tensor alive).
         self._last = (None, 0, None, np.empty(0))
@@ -274,7 +273,7 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
                 )
 
     def shutdown(self) -> None:
-        self._completer.close()
+        """Nothing of its own to stop: the commlib group outlives its torch wrappers."""
 
 
 class _AsyncOptions:

@@ -6,8 +6,10 @@ Mixed into :class:`.backend.CommlibProcessGroup`. What torch calls, and what run
   ``dist.irecv``, and ``dist.batch_isend_irecv``, which calls those one by one for a backend
   without coalescing): commlib's ``isend``/``irecv`` on the group's point-to-point communicator,
   so they never mix with collectives and take no collective sequence number. The returned Work
-  waits on commlib's work directly (no thread hop) and names the sender (``_source_rank``);
-  its future is completed by the backend's completion thread, as for collectives.
+  waits on commlib's work directly and names the sender (``_source_rank``); its future (made on
+  first ``get_future()``) is completed by the group's point-to-point progress thread when the
+  message completed, outside the order of collectives: a future callback there must not wait
+  for another point-to-point message (the thread that would complete it is the one waiting).
 * ``alltoall`` (``dist.all_to_all``, a list of tensors per peer, sizes may differ) and
   ``all_to_all_single`` / ``alltoall_base`` (``dist.all_to_all_single``, with or without split
   sizes along dim 0): ``ProcessGroup.alltoall`` when the blocks are equal on every rank by
@@ -82,8 +84,6 @@ class P2PTorchWork(dist._Work):
         self.wait()
 
     def get_future(self):
-        # Through the completion thread: a future's callbacks must not run on commlib's
-        # point-to-point progress thread (one that waited for another message would block it).
         if self._future is None:
             self._future = self._completer.complete(_ASYNC, lambda _async_op: self._work, self._tensors,
                                                     self._run_finish).get_future()

@@ -3,17 +3,17 @@
 A sync call (``opts.asyncOp`` False, as ``dist.all_reduce(t)`` passes) runs through commlib's
 synchronous path (inline when the line is empty: the small-allreduce fast path) and returns an
 already completed Work, so the Future machinery costs nothing on the hot path. An async call
-returns a Work over a ``torch.futures.Future`` completed by the group's *completion thread*, not
-by commlib's communication thread: torch runs a future's callbacks on the thread that completes
-it, and a comm hook's callback that issues a collective and waits for it (PowerSGD does) would
-otherwise block the very thread that has to run that collective. Futures of collectives issued
-*from* the completion thread are completed on the communication thread.
+returns a Work over a :class:`CommlibFuture`, completed by an *ordered* done-callback of the
+commlib collective (see :mod:`commlib.executor`): on the group's communication thread, right
+after the collective, before the next one starts. torch runs a future's callbacks on the thread
+that completes it, so a comm hook's callback that issues collectives (PowerSGD's does, and waits
+for them) issues them there, nested, at the same point of the order on every rank; and
+``CommlibFuture.then`` is ordered the same way when it is attached after the future completed.
+With torch's gloo backend the same hook races the next bucket's launch (measured: it hangs);
+here the ranks cannot diverge.
 """
 
 from __future__ import annotations
-
-import queue
-import threading
 
 import torch.distributed as dist
 from torch.futures import Future
@@ -22,7 +22,41 @@ import commlib
 
 from .cuda_streams import on_torch_stream
 
-__all__ = ["FutureWork", "Completer", "done_work"]
+__all__ = ["FutureWork", "CommlibFuture", "Completer", "done_work"]
+
+
+class CommlibFuture(Future):
+    """A torch Future of a commlib collective whose callbacks keep the group's order.
+
+    ``then`` and ``add_done_callback`` run their callback as commlib's ordered done-callbacks do
+    (on the communication thread, at the place of the issue order where they were attached), and
+    ``wait`` called on the communication thread for a collective queued behind the caller raises
+    ``InvalidUsageError`` instead of deadlocking.
+    """
+
+    def __init__(self, work: "commlib.Work"):
+        super().__init__()
+        self.commlib_work = work
+
+    def wait(self):
+        if not self.done():
+            self.commlib_work.check_wait_allowed()
+        return super().wait()
+
+    def then(self, callback):
+        chained = Future()
+
+        def run(_work):
+            try:
+                chained.set_result(callback(self))
+            except Exception as exc:  # noqa: BLE001 - torch's then hands it to the chained future
+                chained.set_exception(exc)
+
+        self.commlib_work.add_done_callback(run)
+        return chained
+
+    def add_done_callback(self, callback) -> None:
+        self.commlib_work.add_done_callback(lambda _work: callback(self))
 
 
 class FutureWork(dist._Work):
@@ -69,12 +103,9 @@ def done_work() -> FutureWork:
 
 
 class Completer:
-    """One daemon thread that completes torch futures (and so runs their callbacks)."""
+    """Turns commlib calls into torch Works (sync: the shared completed one; async: a FutureWork)."""
 
-    def __init__(self, name: str):
-        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self.thread.start()
+    def __init__(self):
         self.done = done_work()
 
     def complete(self, opts, issue, result, finish=None, device=None):
@@ -92,35 +123,15 @@ class Completer:
             if finish is not None:
                 finish()
             return self.done
-        future = Future()
         work = issue(True)
-        if threading.current_thread() is self.thread:
-            work.add_done_callback(lambda w: _deliver(future, w, finish, result))
-        else:
-            put = self._queue.put
-            work.add_done_callback(lambda w: put((future, w, finish, result)))
+        future = CommlibFuture(work)
+        work.add_done_callback(lambda w: _deliver(future, w, finish, result))
         return FutureWork(future)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            _deliver(*item)
-
-    def close(self) -> None:
-        self._queue.put(None)
 
 
 def _deliver(future: Future, work, finish, result) -> None:
     error = work.exception()
-    if error is None and work.__class__ is not commlib.Work:
-        # A GPU work completes when enqueued; a torch future has no stream semantics here, so
-        # its waiters must see the data: block this (completion) thread until the GPU is done.
-        try:
-            work.synchronize()
-        except Exception as exc:  # noqa: BLE001 - handed to the waiter
-            error = exc
+    # (A GPU work's ordered callback runs once the GPU finished: waiters see the data.)
     if error is None and finish is not None:
         try:
             finish()

@@ -4,11 +4,12 @@ The backend needs MPI ranks: launch under ``mpiexec``. ``dist.init_process_group
 rank=, world_size=, store=)`` works too, but rank and world_size must equal MPI's (checked).
 A group's timeout is the shorter of torch's ``timeout=`` and commlib's (``COMMLIB_TIMEOUT``,
 300 s); the default group reuses ``commlib.init()``'s world group if it exists already.
+The store's address: ``MASTER_ADDR``/``MASTER_PORT`` when set, else found over MPI (no DNS).
 """
 
 from __future__ import annotations
 
-import socket
+import os
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -58,18 +59,37 @@ def create_process_group(options, _backend_options=None) -> CommlibProcessGroup:
 
 
 def rendezvous_store(comm=None, timeout: timedelta = timedelta(seconds=300)) -> "dist.TCPStore":
-    """A TCPStore on rank 0 (port picked by the OS), its address broadcast over MPI."""
+    """A TCPStore on rank 0. Collective over ``comm`` (default ``MPI.COMM_WORLD``).
+
+    As torch does, ``MASTER_ADDR`` (rank 0's host, as the others reach it) and ``MASTER_PORT``
+    are honoured when set. Otherwise the port is picked by the OS and broadcast over MPI, and
+    each rank reaches rank 0 at the first of rank 0's interface addresses that answers (no DNS
+    needed: cluster host names often do not resolve), see :mod:`commlib.root_address`.
+    """
     from mpi4py import MPI
 
+    from commlib.root_address import reachable_root_address
+
     comm = comm or MPI.COMM_WORLD
-    hosts = comm.allgather(MPI.Get_processor_name())
-    host = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(socket.gethostname())
+    master_addr, master_port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    port = _port_from_env(master_port) if master_port else 0
+    host = master_addr or reachable_root_address(comm)
     if comm.Get_rank() == 0:
-        store = dist.TCPStore(host, 0, comm.Get_size(), True, timeout, wait_for_workers=False)
-        comm.bcast((host, store.port), root=0)
+        store = dist.TCPStore(host, port, comm.Get_size(), True, timeout, wait_for_workers=False)
+        comm.bcast(store.port, root=0)
         return store
-    host, port = comm.bcast(None, root=0)
+    port = comm.bcast(None, root=0)
     return dist.TCPStore(host, port, comm.Get_size(), False, timeout)
+
+
+def _port_from_env(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise InvalidUsageError(f"MASTER_PORT={text!r}: expected a TCP port number (0-65535)")
+    return port
 
 
 def init_process_group(**kwargs) -> CommlibProcessGroup:

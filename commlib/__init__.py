@@ -17,7 +17,7 @@ from .algorithms import algorithm_names as _algorithm_names
 from .algorithms import register_algorithm
 from .config import Config, load_config
 from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
-                     InvalidUsageError)
+                     InvalidUsageError, PeerExitedError)
 from .group import ProcessGroup
 from .ops import ReduceOp
 from .p2p import ANY_SOURCE
@@ -31,7 +31,7 @@ __all__ = [
     "init", "world", "is_initialized", "shutdown", "algorithms", "register_algorithm", "ANY_SOURCE",
     "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Config", "load_config",
     "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",
-    "GroupAbortedError",
+    "GroupAbortedError", "PeerExitedError",
 ]
 
 

@@ -1,30 +1,62 @@
-"""Running a group's collectives in issue order: inline when idle, else on its comm thread.
+"""One order for a group's collectives, the same on every rank, whatever thread issues them.
 
-Every collective of a group gets its sequence number and its place in line at issue time, under
-one lock, so collectives complete in issue order whatever thread issued them. An ``async_op``
-collective goes to the group's communication thread and the caller returns at once. A synchronous
-one runs right in the caller's thread when nothing is queued (a thread hop costs tens of
-microseconds, more than a whole small ``MPI_Allreduce``); otherwise it queues behind the others
-and the caller waits for it. While an inline collective runs (``_inline_busy``), the comm thread
-holds back collectives that other threads queued meanwhile, so the two never overlap.
+Collectives are matched across ranks by position: the n-th collective a rank runs on a group
+meets the n-th of every other rank (its sequence number, its message tags and, in debug mode,
+its fingerprint all derive from n). So the order must depend on the program alone, never on
+timing. The rules:
 
-After any collective fails, the group is poisoned: queued and later collectives fail at once
-with :class:`GroupAbortedError` naming the first error, because peers may now be out of step.
+1. **Issue order.** Collectives issued by user threads run in the order they were issued (under
+   one lock). Every rank must issue the same collectives in the same order, as in MPI; from
+   several user threads at once that is the program's job.
+2. **Ordered callbacks.** A callback added with ``Work.add_done_callback`` (and the torch backend's
+   futures, which are completed by one) runs on the group's *communication thread*, at the place
+   in the issue order where it was added: added right after issuing ``W``, it runs right after
+   ``W`` completed and before the next collective starts, however early or late ``W`` completed.
+3. **Nested collectives.** A collective issued from the communication thread (from a callback)
+   runs at once, right there, before anything queued; an ``async_op`` one returns a completed
+   ``Work``. So a callback may issue collectives and wait for them (PowerSGD's hook does), and
+   their place in the order is fixed by rule 2.
+
+Sequence numbers are assigned when a collective *starts*, so they follow this order. A callback
+that waits for a collective queued after it would wait forever: ``Work.wait`` raises
+``InvalidUsageError`` instead.
+
+How it runs: a synchronous collective issued while nothing is queued runs right in the caller's
+thread (a thread hop costs tens of microseconds, more than a whole small ``MPI_Allreduce``);
+everything else goes through one FIFO of entries (collectives and callbacks) that the
+communication thread works off. While an inline collective runs (``_inline_busy``), the comm
+thread holds back what other threads queued meanwhile, so the two never overlap.
+
+After any collective (or callback) fails, the group is poisoned: queued and later collectives
+fail at once with :class:`GroupAbortedError` naming the first error, because peers may now be
+out of step.
 """
 
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
-from typing import Callable, Optional
+import traceback
+from typing import Callable, NamedTuple, Optional
 
-from .errors import GroupAbortedError
+from .errors import CommError, GroupAbortedError
 from .work import Work
 
 __all__ = ["CommExecutor"]
 
 NumberedTask = Callable[[int], None]
+NextSeq = Callable[[], int]
+
+
+class _Entry(NamedTuple):
+    """A queued collective (``task`` set) or an ordered callback (``callback`` set)."""
+
+    task: Optional[NumberedTask]
+    next_seq: Optional[NextSeq]
+    work: Work
+    callback: Optional[Callable[[Work], None]] = None
 
 
 class CommExecutor:
@@ -32,10 +64,11 @@ class CommExecutor:
         self.name = name
         self._issue_lock = threading.Lock()
         self._inline_busy = False
-        self._queue: "collections.deque[tuple[NumberedTask, int, Work]]" = collections.deque()
+        self._queue: "collections.deque[_Entry]" = collections.deque()
         self._wakeup = threading.Condition(threading.Lock())
-        self._in_flight = 0  # issued and not finished, inline ones included
+        self._in_flight = 0  # queued entries not finished, plus an inline collective
         self._thread: Optional[threading.Thread] = None
+        self._thread_ident: Optional[int] = None
         self._closed = False
         self.first_error: Optional[BaseException] = None
 
@@ -48,19 +81,26 @@ class CommExecutor:
         if self._closed:
             raise GroupAbortedError(f"{self.name}: the group was closed")
 
-    def run_sync(self, task: NumberedTask, next_seq: Callable[[], int], collective: str,
+    def on_comm_thread(self) -> bool:
+        return self._thread_ident is not None and threading.get_ident() == self._thread_ident
+
+    def run_sync(self, task: NumberedTask, next_seq: NextSeq, collective: str,
                  nbytes: int = 0, result=None) -> None:
-        """Number ``task`` and run it now if the line is empty, else queue it and wait for it."""
+        """Run ``task`` now if the line is empty (or from a callback), else queue it and wait."""
+        if self.on_comm_thread():
+            self.check_healthy()
+            self._run_numbered(task, next_seq)
+            return
         with self._issue_lock:
             self.check_healthy()
-            seq = next_seq()
             if self._in_flight == 0:
                 self._in_flight = 1
                 self._inline_busy = True
+                seq = next_seq()
                 work = None
             else:
-                work = Work(collective, seq, nbytes, result)
-                self._enqueue(task, seq, work)
+                work = Work(collective, None, nbytes, result, executor=self)
+                self._enqueue(_Entry(task, next_seq, work))
         if work is not None:
             work.wait()
             return
@@ -74,50 +114,111 @@ class CommExecutor:
                 self._in_flight -= 1
                 self._inline_busy = False
 
-    def submit(self, task: NumberedTask, next_seq: Callable[[], int], collective: str,
+    def submit(self, task: NumberedTask, next_seq: NextSeq, collective: str,
                nbytes: int = 0, result=None) -> Work:
-        """Number ``task`` and queue it for the communication thread; return its ``Work``."""
+        """Queue ``task`` for the communication thread and return its ``Work`` (from a callback:
+        run it now and return it completed)."""
+        work = Work(collective, None, nbytes, result, executor=self)
+        if self.on_comm_thread():
+            self.check_healthy()
+            error = None
+            try:
+                work.seq = self._run_numbered(task, next_seq)
+            except BaseException as exc:  # surfaced through Work.wait(), as for a queued one
+                error = exc
+            work._complete(error)
+            return work
         with self._issue_lock:
             self.check_healthy()
-            seq = next_seq()
-            work = Work(collective, seq, nbytes, result)
-            self._enqueue(task, seq, work)
+            self._enqueue(_Entry(task, next_seq, work))
         return work
 
-    def _enqueue(self, task: NumberedTask, seq: int, work: Work) -> None:
+    def add_callback(self, target: Work, callback: Callable[[Work], None], *, after: Work) -> None:
+        """Run ``callback(target)`` at this point of the issue order (see the module's rule 2).
+
+        ``after`` is the executor's own work for the collective (``target`` itself, or the
+        enqueue of a GPU collective)."""
+        if self.on_comm_thread():
+            if after._ran():
+                self._invoke_callback(target, callback)
+            else:  # queued behind the running entry: run right after it, before what follows it
+                after._when_complete(lambda _work: self._invoke_callback(target, callback))
+            return
+        with self._issue_lock:
+            closed = self._closed
+            if not closed:
+                self._enqueue(_Entry(None, None, target, callback))
+        if closed:  # the group is gone: no order left to keep
+            target._when_complete(callback)
+
+    def _enqueue(self, entry: _Entry) -> None:
         self._in_flight += 1
         with self._wakeup:
-            self._queue.append((task, seq, work))
+            self._queue.append(entry)
             self._wakeup.notify()
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"commlib-{self.name}", daemon=True)
             self._thread.start()
 
+    def _run_numbered(self, task: NumberedTask, next_seq: NextSeq) -> int:
+        seq = next_seq()  # on the comm thread: see _run_queued
+        try:
+            task(seq)
+        except BaseException as exc:
+            self._record_failure(exc)
+            raise
+        return seq
+
     # -- the communication thread --------------------------------------------------------------
     def _loop(self) -> None:
+        self._thread_ident = threading.get_ident()
         while True:
             with self._wakeup:
                 while not self._queue:
                     if self._closed:
                         return
                     self._wakeup.wait()
-                task, seq, work = self._queue.popleft()
+                entry = self._queue.popleft()
             self._wait_for_inline_collective()
-            error = None
-            if self.first_error is not None:
-                error = GroupAbortedError(
-                    f"{self.name}: {work.collective} #{work.seq} not run: an earlier collective "
-                    f"failed: {self.first_error}"
-                )
+            if entry.callback is not None:
+                self._invoke_callback(entry.work, entry.callback)
             else:
-                try:
-                    task(seq)
-                except BaseException as exc:  # surfaced through Work.wait()
-                    error = exc
-                    self._record_failure(exc)
+                self._run_queued(entry)
             with self._issue_lock:
                 self._in_flight -= 1
-            work._complete(error)
+
+    def _run_queued(self, entry: _Entry) -> None:
+        work = entry.work
+        # No lock: besides this thread only an inline collective numbers (with _in_flight == 0,
+        # so never while an entry is being worked off; _wait_for_inline_collective saw it end).
+        work.seq = entry.next_seq()
+        error = None
+        if self.first_error is not None:
+            error = GroupAbortedError(
+                f"{self.name}: {work.collective} #{work.seq} not run: an earlier collective "
+                f"failed: {self.first_error}"
+            )
+        else:
+            try:
+                entry.task(work.seq)
+            except BaseException as exc:  # surfaced through Work.wait()
+                error = exc
+                self._record_failure(exc)
+        work._complete(error)  # runs the callbacks added on this thread, right here
+
+    def _invoke_callback(self, target: Work, callback: Callable[[Work], None]) -> None:
+        try:
+            target._settle()
+            callback(target)
+        except Exception as exc:  # noqa: BLE001 - reported and poisons the group
+            # The callback may have skipped collectives its peers issue: this rank may now be out
+            # of step, so later collectives must fail rather than pair with the wrong ones.
+            sys.stderr.write(f"commlib: {self.name}: a done-callback of {target._label()} raised "
+                             f"{type(exc).__name__}: {exc}; the group is unusable from here on\n"
+                             + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            sys.stderr.flush()
+            self._record_failure(CommError(
+                f"a done-callback of {target._label()} raised {type(exc).__name__}: {exc}"))
 
     def _wait_for_inline_collective(self) -> None:
         """Rare: another thread queued work while a synchronous collective ran inline."""
@@ -134,7 +235,7 @@ class CommExecutor:
         return self._in_flight
 
     def close(self) -> None:
-        """Stop the comm thread after the queued collectives ran."""
+        """Stop the comm thread after the queued collectives and callbacks ran."""
         with self._wakeup:
             self._closed = True
             self._wakeup.notify()

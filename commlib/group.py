@@ -11,8 +11,9 @@ group's machinery; the other collectives are in :mod:`.collectives`, point-to-po
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -24,9 +25,10 @@ from .config import Config
 from .errors import InvalidUsageError
 from .executor import CommExecutor
 from .progress_board import ProgressBoard
+from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
 from .p2p import PointToPoint, PointToPointMethods
-from .transports.mpi import MPITransport
+from .transports.mpi import MPITransport, raise_timeout
 from .transports.mpi_types import MPI_PREDEFINED
 from .validation import array_kind, check_buffer, check_root, check_timeout
 
@@ -72,6 +74,7 @@ class ProcessGroup(CollectiveMethods, PointToPointMethods):
             from .fingerprint import FingerprintChecker
 
             self._fingerprints = FingerprintChecker(self)
+        free_at_exit(self)
 
     def __repr__(self) -> str:
         return f"<commlib.ProcessGroup {self.name!r} rank {self.rank} of {self.size}>"
@@ -104,25 +107,55 @@ class ProcessGroup(CollectiveMethods, PointToPointMethods):
     def new_group(self, ranks: Sequence[int], *, timeout: Optional[float] = None) -> Optional["ProcessGroup"]:
         """A group of ``ranks`` (ranks of this group). Collective: every rank of this group calls it.
 
-        Ranks not in ``ranks`` get ``None``. Ranks are ordered as listed.
+        Ranks not in ``ranks`` get ``None``. Ranks are ordered as listed. Every rank must pass the
+        same list (checked: ``InvalidUsageError`` on every rank otherwise). Bounded: a rank that
+        never arrives, or dies midway, ends in ``CommTimeoutError`` within the timeout, not a hang.
         """
         ranks = [check_root(r, self.size, "new_group") for r in ranks]
         if len(set(ranks)) != len(ranks) or not ranks:
             raise InvalidUsageError(f"new_group: ranks must be a non-empty list without repeats, got {ranks}")
         timeout = self.timeout if timeout is None else check_timeout(timeout, "new_group")
-        # Agree on the request with a bounded wait before the (blocking) split.
-        self.barrier()
-        color = 0 if self.rank in ranks else MPI.UNDEFINED
-        key = ranks.index(self.rank) if self.rank in ranks else 0
-        sub = self.comm.Split(color, key)
-        if sub == MPI.COMM_NULL:
-            return None
-        return ProcessGroup(sub, timeout=timeout, config=self.config, debug=self.debug,
-                            name=f"{self.name}/{'-'.join(map(str, ranks))}",
-                            segment_bytes=self.segment_bytes, device=self.device,
-                            gpu_transport=self.gpu_transport)
+        # Agree on the request with the timed collectives first: a rank that is missing or asks
+        # for another group is found here, before the blocking MPI calls that create the group.
+        self._agree_on_members(ranks)
+        member = self.rank in ranks
+        color = 0 if member else MPI.UNDEFINED
+        key = ranks.index(self.rank) if member else 0
+        created = {}
+
+        def create():
+            sub = _split_communicator(self.comm, color, key)
+            if sub != MPI.COMM_NULL:
+                created["group"] = ProcessGroup(
+                    sub, timeout=timeout, config=self.config, debug=self.debug,
+                    name=f"{self.name}/{'-'.join(map(str, ranks))}", segment_bytes=self.segment_bytes,
+                    device=self.device, gpu_transport=self.gpu_transport)
+
+        self._issue("new_group", lambda transport: _run_with_deadline(create, transport),
+                    0, False, None, "native", (None, (len(ranks),), "", -1, ""))
+        return created.get("group")
+
+    def _agree_on_members(self, ranks: List[int]) -> None:
+        """Every rank passed the same ``ranks``, or ``InvalidUsageError`` on every rank."""
+        if self.size == 1:
+            return
+        lengths = np.empty(self.size, np.int64)
+        self.allgather(lengths, np.array([len(ranks)], np.int64))
+        width = int(lengths.max())
+        mine = np.full(width, -1, np.int64)
+        mine[:len(ranks)] = ranks
+        everyone = np.empty((self.size, width), np.int64)
+        self.allgather(everyone, mine)
+        asked = [everyone[r, :int(lengths[r])].tolist() for r in range(self.size)]
+        if any(request != asked[0] for request in asked):
+            shown = "; ".join(f"rank {r}: {request}" for r, request in enumerate(asked))
+            raise InvalidUsageError(f"new_group: every rank of {self!r} must pass the same ranks; got {shown}")
 
     def close(self) -> None:
+        """Finish the queued collectives, then free what the group holds, its communicator last.
+
+        Local (``MPI_Comm_free`` waits for no peer). Idempotent; runs at exit for open groups.
+        """
         self.executor.close()
         self._p2p.close()
         if self._gpu is not None:
@@ -132,6 +165,8 @@ class ProcessGroup(CollectiveMethods, PointToPointMethods):
             self._progress_slot = None
             self.progress.close()
             self.progress = None
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
 
     @property
     def seq(self) -> int:
@@ -248,3 +283,35 @@ class ProcessGroup(CollectiveMethods, PointToPointMethods):
 
             self._gpu = GpuBackend(self)
         return self._gpu
+
+
+def _split_communicator(comm, color: int, key: int):
+    """``MPI_Comm_split`` (blocking; run by :func:`_run_with_deadline`)."""
+    return comm.Split(color, key)
+
+
+def _run_with_deadline(blocking_call, transport) -> None:
+    """Run a blocking collective MPI call on a helper thread; raise at the collective's deadline.
+
+    MPI has no nonblocking split. A peer that agreed to it and then never arrived (it died, or
+    hangs) would block ``MPI_Comm_split`` forever; instead the caller gets ``CommTimeoutError``
+    naming the peers, the group is poisoned, and the helper thread is left behind in MPI (the
+    job is ending: the error aborts it unless caught).
+    """
+    outcome = {}
+
+    def run():
+        try:
+            blocking_call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            outcome["error"] = exc
+
+    context = transport.context
+    helper = threading.Thread(target=run, name=f"commlib-{context.collective}-{context.seq}", daemon=True)
+    helper.start()
+    helper.join(max(0.0, context.deadline - time.monotonic()))
+    if helper.is_alive():
+        raise_timeout(transport.rank, context, "MPI to create the group (MPI_Comm_split)",
+                      transport.progress_board)
+    if "error" in outcome:
+        raise outcome["error"]

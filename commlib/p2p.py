@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from typing import List, Optional
 
 import numpy as np
@@ -72,6 +73,9 @@ class PointToPoint:
         self.rank, self.size, self.name = comm.Get_rank(), comm.Get_size(), name
         self.timeout = timeout
         self.comm = _dup_with_deadline(comm, timeout, name)
+        # As for the group's communicator (commlib.teardown): freed when collected without
+        # close(); at exit the group's close() frees it.
+        weakref.finalize(self, _free_quietly, self.comm).atexit = False
         # User tags take the lower half of the MPI library's tag range, the monitored barrier
         # the upper half, so the two can never match each other.
         self.tag_limit = (int(self.comm.Get_attr(MPI.TAG_UB)) + 1) // 2
@@ -167,7 +171,7 @@ class PointToPoint:
         return _Operation(kind, number, flat, peer, tag, timeout, request)
 
     def _wait_here(self, operation: _Operation):
-        if not wait_all([operation.request], operation.deadline, [operation.status]):
+        if not wait_all([operation.request], operation.deadline, statuses=[operation.status]):
             error = self._expire(operation)
             if error is not None:
                 raise error
@@ -297,10 +301,7 @@ class PointToPoint:
             except MPI.Exception:
                 pass
         self._abandoned = []
-        try:
-            self.comm.Free()
-        except MPI.Exception:
-            pass
+        _free_quietly(self.comm)
 
 
 class PointToPointMethods:
@@ -334,6 +335,14 @@ def _dup_with_deadline(comm: MPI.Comm, timeout: float, name: str) -> MPI.Comm:
             f"rank {comm.Get_rank()}: group {name!r}: creating its point-to-point communicator timed "
             f"out after {timeout:g} s waiting for the other {comm.Get_size() - 1} rank(s) of the group")
     return dup
+
+
+def _free_quietly(comm) -> None:
+    if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        try:
+            comm.Free()
+        except MPI.Exception:
+            pass
 
 
 def _cancel_quietly(requests) -> None:

@@ -2,33 +2,43 @@
 
 A ``Work`` is completed exactly once, by the thread that ran the collective, with either success
 or the exception that ended it; ``wait()`` re-raises that exception in the caller's thread, so an
-error on the communication thread is never swallowed. Callbacks added with
-``add_done_callback`` run on the completing thread (torch futures are completed this way).
+error on the communication thread is never swallowed.
+
+Callbacks added with ``add_done_callback`` are *ordered*: they run on the group's communication
+thread at the place in the group's issue order where they were added (see
+:mod:`commlib.executor`), so a callback that issues more collectives does so at the same point on
+every rank. ``wait()`` called from such a callback for a collective that runs after it would wait
+forever; it raises :class:`InvalidUsageError` instead.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, List, Optional
 
-from .errors import CommTimeoutError
+from .errors import CommTimeoutError, InvalidUsageError
 
 __all__ = ["Work"]
 
 
 class Work:
-    __slots__ = ("collective", "seq", "nbytes", "_result", "_done", "_error", "_callbacks", "_lock",
-                 "keepalive")
+    __slots__ = ("collective", "seq", "nbytes", "completed_at", "_result", "_done", "_error",
+                 "_callbacks", "_lock", "_executor", "keepalive")
 
-    def __init__(self, collective: str, seq: int, nbytes: int = 0, result=None):
+    def __init__(self, collective: str, seq: Optional[int] = None, nbytes: int = 0, result=None,
+                 executor=None):
         self.collective = collective
-        self.seq = seq
+        self.seq = seq  # the group's sequence number, assigned when the collective starts running
         self.nbytes = nbytes
+        self.completed_at: Optional[float] = None  # time.perf_counter() at completion
         self._result = result
         self._done = threading.Event()
         self._error: Optional[BaseException] = None
+        # Run by the completing thread, in order, right after completion.
         self._callbacks: List[Callable[["Work"], None]] = []
         self._lock = threading.Lock()
+        self._executor = executor  # orders add_done_callback; None: callbacks run on completion
         # Arrays the collective reads or writes stay referenced until it completes.
         self.keepalive = None
 
@@ -38,11 +48,29 @@ class Work:
             if self._done.is_set():
                 return
             self._error = error
+            self.completed_at = time.perf_counter()
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
         self.keepalive = None
         for callback in callbacks:
             callback(self)
+
+    def _when_complete(self, callback: Callable[["Work"], None]) -> None:
+        """Runtime-internal: run ``callback`` on the completing thread (now, if complete already).
+
+        Unordered: only for bookkeeping that issues no collective."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def _ran(self) -> bool:
+        """Has the collective's place in the group's order passed (it ran, or failed)?"""
+        return self._done.is_set()
+
+    def _settle(self) -> None:
+        """Called before an ordered callback runs; a GPU work waits for the GPU here."""
 
     # -- user side ------------------------------------------------------------------------------
     def is_completed(self) -> bool:
@@ -54,14 +82,30 @@ class Work:
     def exception(self) -> Optional[BaseException]:
         return self._error
 
+    def _label(self) -> str:
+        return f"{self.collective} #{self.seq}" if self.seq is not None else f"{self.collective} (not started)"
+
+    def check_wait_allowed(self) -> None:
+        """Raise instead of deadlocking: a callback on the comm thread waiting for a later collective."""
+        executor = self._executor
+        if executor is not None and not self._ran() and executor.on_comm_thread():
+            raise InvalidUsageError(
+                f"{executor.name}: {self._label()}: wait() called on the group's communication "
+                f"thread (from a done-callback or a future's callback) for a collective queued "
+                f"after that callback: it can never run while the callback waits. A callback may "
+                f"wait for collectives it issued itself (they complete before the call returns) "
+                f"and for earlier ones; wait for later ones in your own thread"
+            )
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until the collective completed; re-raise its error. ``timeout`` in seconds."""
         if timeout is not None and timeout < 0:
             raise ValueError(f"Work.wait: timeout must be >= 0 seconds or None, got {timeout!r}")
+        if not self._done.is_set():
+            self.check_wait_allowed()
         if not self._done.wait(timeout):
             raise CommTimeoutError(
-                f"{self.collective} #{self.seq}: Work.wait gave up after {timeout:g} s; "
-                f"the collective is still running"
+                f"{self._label()}: Work.wait gave up after {timeout:g} s; the collective is still running"
             )
         if self._error is not None:
             raise self._error
@@ -77,12 +121,13 @@ class Work:
         return self._result
 
     def add_done_callback(self, callback: Callable[["Work"], None]) -> None:
-        with self._lock:
-            if not self._done.is_set():
-                self._callbacks.append(callback)
-                return
-        callback(self)
+        """Run ``callback(work)`` once the collective completed, on the group's communication thread,
+        at this point of the group's issue order (collectives it issues run right there)."""
+        if self._executor is None:
+            self._when_complete(callback)
+        else:
+            self._executor.add_callback(self, callback, after=self)
 
     def __repr__(self) -> str:
         state = "pending" if not self.is_completed() else ("ok" if self._error is None else "failed")
-        return f"<Work {self.collective} #{self.seq} {state}>"
+        return f"<Work {self._label()} {state}>"

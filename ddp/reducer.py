@@ -27,7 +27,7 @@ import torch
 
 from autograd_bridge import hooks as autograd_hooks
 from autograd_bridge.tensors import from_array, to_array
-from commlib import ReduceOp
+from commlib import ReduceOp, Work
 
 from .bucketing import BucketPlan, ParamSpec, plan_buckets
 from .hooks import GradBucket, allreduce_hook
@@ -56,7 +56,7 @@ def _wait_for_result(work):
 
 class _Bucket:
     __slots__ = ("index", "plan", "flat", "array", "views", "params", "nbytes", "pending", "work",
-                 "launched_at", "done_at")
+                 "launched_at", "_done_at")
 
     def __init__(self, index: int, plan: BucketPlan, params: Sequence[torch.Tensor]):
         first = params[plan.params[0]]
@@ -73,10 +73,25 @@ class _Bucket:
     def reset(self) -> None:
         self.pending = len(self.params)
         self.work = None
-        self.launched_at = self.done_at = None
+        self.launched_at = self._done_at = None
 
-    def record_done(self, _work) -> None:  # on the completing (comm) thread
-        self.done_at = time.perf_counter()
+    def launched(self, work) -> None:
+        self.work = work
+        if not isinstance(self._collective_work(), Work):
+            # A hook's own handle (a torch Future...): timestamp its completion with a callback.
+            work.add_done_callback(self._record_done)
+
+    def _collective_work(self):
+        return getattr(self.work, "work", self.work)  # a HookWork wraps the collective's Work
+
+    def _record_done(self, _work) -> None:
+        self._done_at = time.perf_counter()
+
+    @property
+    def done_at(self) -> Optional[float]:
+        """When the bucket's collective completed (``time.perf_counter``), None until then."""
+        work = self._collective_work()
+        return work.completed_at if isinstance(work, Work) else self._done_at
 
 
 class Reducer:
@@ -221,12 +236,12 @@ class Reducer:
                 if self._sum_then_divide_on_write_back():
                     # The default hook's average, with the division folded into the copy back
                     # to .grad: one pass over the gradients less than SUM-then-divide-then-copy.
-                    bucket.work = self.group.allreduce(bucket.array, ReduceOp.SUM, algorithm=self.algorithm,
-                                                       async_op=True)
+                    work = self.group.allreduce(bucket.array, ReduceOp.SUM, algorithm=self.algorithm,
+                                                async_op=True)
                 else:
-                    bucket.work = self.comm_hook(self.comm_hook_state, grad_bucket)
+                    work = self.comm_hook(self.comm_hook_state, grad_bucket)
+            bucket.launched(work)
             self._next_launch += 1  # only once launched: a hook that raised leaves nothing to wait for
-            bucket.work.add_done_callback(bucket.record_done)
 
     def _sum_then_divide_on_write_back(self) -> bool:
         return (self.comm_hook is allreduce_hook and self.comm_hook_state is None

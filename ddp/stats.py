@@ -2,7 +2,7 @@
 
 The buckets of one group run one after another on its communication thread, so bucket k really
 starts when it was launched or when bucket k-1 finished, whichever is later; its busy time ends
-when its ``Work`` completed (timestamped by a done-callback on the comm thread). The part of
+when its ``Work`` completed (``Work.completed_at``, stamped by the completing thread). The part of
 that busy time before backward ended (the final callback started) was overlapped with compute;
 ``hidden_fraction`` is that part over the whole.
 """

@@ -6,6 +6,7 @@ without either (the process died).
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +34,9 @@ class Witness:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(self.address)
         connection.sendall(f"hello {rank} {pid or 1000 + rank} testhost\n".encode())
+        connection.settimeout(10)
+        assert connection.recv(3) == b"ok\n", "the witness answers once it watches the connection"
+        connection.settimeout(None)
         return connection
 
     def finish(self) -> str:
@@ -58,6 +62,22 @@ def test_names_the_first_rank_that_closes_without_a_clean_exit_and_only_it():
     assert stderr.count("crash witness") == 1, stderr
     assert "rank 1 (pid 1001 on testhost) ended without a clean exit" in stderr, stderr
     assert "the first rank on testhost to fail" in stderr
+
+
+def test_deaths_seen_late_are_still_named_in_the_order_they_happened():
+    # A loaded machine: the witness gets no CPU while the killed rank and then the cleanup's
+    # victims close. Stopped here on purpose, so all closes wait for it at once.
+    witness = Witness(4)
+    ranks = [witness.rank(r) for r in range(4)]
+    os.kill(witness.process.pid, signal.SIGSTOP)
+    try:
+        for index in (2, 0, 3, 1):  # rank 2 died first; the others are the cleanup
+            ranks[index].close()
+    finally:
+        os.kill(witness.process.pid, signal.SIGCONT)
+    stderr = witness.finish()
+    assert stderr.count("crash witness") == 1, stderr
+    assert "rank 2 (pid 1002 on testhost) ended without a clean exit" in stderr, stderr
 
 
 def test_a_clean_job_and_a_self_reported_failure_stay_silent():

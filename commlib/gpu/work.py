@@ -38,8 +38,8 @@ class GpuWork(Work):
     def _attach(self, inner: Work) -> None:
         """Follow the executor's ``Work`` of the enqueue (async collectives)."""
         self._inner = inner
-        self.seq = inner.seq
-        inner.add_done_callback(self._on_enqueued)
+        self.seq = inner.seq  # None until the collective starts; the backend's task sets it then
+        inner._when_complete(self._on_enqueued)
 
     def _on_enqueued(self, inner: Work) -> None:
         error = inner.exception()
@@ -57,7 +57,27 @@ class GpuWork(Work):
             self._complete(CommError(f"{self.collective} #{self.seq}: polling its done event failed: {exc}"))
             return True
 
+    def _ran(self) -> bool:
+        inner = self._inner
+        return inner._ran() if inner is not None else self._done.is_set()
+
+    def _settle(self) -> None:
+        """An ordered callback sees the GPU's result: block until done (an error stays on the work)."""
+        try:
+            self.synchronize()
+        except Exception:  # noqa: BLE001 - the callback reads it through exception()
+            pass
+
     # -- user side ------------------------------------------------------------------------------
+    def add_done_callback(self, callback) -> None:
+        """Ordered like a CPU work's callbacks (after the enqueue's place in the group's order);
+        the callback runs once the GPU finished the collective."""
+        inner = self._inner
+        if inner is None or inner._executor is None:
+            self._when_complete(callback)
+        else:
+            inner._executor.add_callback(self, callback, after=inner)
+
     def _wait_enqueued(self, timeout: Optional[float]) -> None:
         inner = self._inner
         if inner is not None:

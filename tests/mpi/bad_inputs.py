@@ -89,7 +89,7 @@ def main():
             started = time.monotonic()
             check.raises(CommTimeoutError, lambda: group.allreduce(np.ones(12, np.float32)), f"peer of {name}")
             elapsed = time.monotonic() - started
-            check.check(elapsed < PEER_TIMEOUT + 2, f"peer of {name}: timed out after {elapsed:.2f} s")
+            check.check(elapsed < PEER_TIMEOUT + 4, f"peer of {name}: timed out after {elapsed:.2f} s")
         group.close()
         world.barrier()
 

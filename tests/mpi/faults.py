@@ -1,16 +1,21 @@
 """mpiexec -n P python tests/mpi/faults.py MODE TIMEOUT
 
 Fault injection on rank 1 (the others behave). Modes the ranks survive (exit 0 when every check
-held): ``skip`` (rank 1 skips a collective), ``different`` (rank 1 calls broadcast where the others
-call allreduce), ``mismatch`` (debug mode: rank 1 passes another shape), ``mismatch_op``
-(debug: allreduce vs broadcast). Modes that end the job (the test checks the exit status, the
-time and the message): ``exception``, ``exit``, ``kill`` (rank 1 dies while the others are in a
-collective).
+held): ``skip`` (rank 1 skips a collective), ``different`` (rank 1 calls broadcast where the
+others call allreduce), ``mismatch`` (debug mode: rank 1 passes another shape), ``mismatch_op``
+(debug: allreduce vs broadcast), ``thread_order`` (debug: two threads issue two allreduces of
+different shapes, in one order on rank 0 and the other on the rest). Modes that end the job (the
+test checks the exit status, the time and the message): ``exception``, ``exit``, ``kill`` (rank 1
+dies while the others are in a collective), ``new_group_exit`` / ``new_group_hang`` (rank 1
+exits, or hangs, after agreeing to a new group and before creating it), and
+``skip_uncaught``, ``different_uncaught`` (as ``skip`` and ``different``, with nobody catching
+the error: the job aborts on it). ``new_group_lists`` (surviving): rank 1 asks for another group.
 """
 
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -21,8 +26,11 @@ from verdict import Checker
 
 mode, timeout = sys.argv[1], float(sys.argv[2])
 # Debug mode for "kill" too: its rank:pid map is how a SIGKILLed rank is named.
-pg = commlib.init(timeout=timeout, debug=mode.startswith("mismatch") or mode == "kill")
+pg = commlib.init(timeout=timeout, debug=mode.startswith("mismatch") or mode in ("kill", "thread_order"))
 rank = pg.rank
+# One write per line (print writes the newline separately: lines of several ranks interleave).
+sys.stdout.write(f"faults: rank {rank} pid {os.getpid()}\n")  # the test: none outlives the job
+sys.stdout.flush()
 check = Checker()
 pg.allreduce(np.zeros(4))  # collective #1: everyone healthy
 started = time.monotonic()
@@ -39,6 +47,35 @@ if mode in ("exception", "exit", "kill"):
     print(f"rank {rank}: collective #2 returned although rank 1 died", flush=True)
     sys.exit(0)
 
+if mode in ("new_group_exit", "new_group_hang"):
+    if rank == 1:
+        import commlib.group
+
+        from mpi4py import MPI
+
+        def fail_instead_of_splitting(*_args):
+            if mode == "new_group_exit":
+                return MPI.COMM_NULL  # skip the split: rank 1 goes on to exit normally
+            time.sleep(timeout + 30)  # hangs where the peers wait in MPI_Comm_split
+
+        commlib.group._split_communicator = fail_instead_of_splitting
+    pg.new_group([0, 1])
+    if rank == 1:
+        sys.exit(0)  # through the interpreter and MPI_Finalize, status 0: mpiexec sees no failure
+    print(f"rank {rank}: new_group returned although rank 1 died", flush=True)
+    sys.exit(0)
+if mode == "skip_uncaught":
+    if rank != 1:
+        pg.allreduce(np.ones(8))
+    time.sleep(timeout + 5)  # rank 1 skipped the collective; the abort ends it
+    sys.exit(0)
+if mode == "different_uncaught":
+    if rank == 1:
+        pg.broadcast(np.ones(8), 0)
+    else:
+        pg.allreduce(np.ones(8))
+    sys.exit(0)
+
 if mode == "skip":
     if rank != 1:
         error = check.raises(CommTimeoutError, lambda: pg.allreduce(np.ones(8)), "skipped allreduce")
@@ -51,7 +88,7 @@ if mode == "skip":
             print(f"rank {rank}: surfaced in {elapsed:.2f} s: {text}", flush=True)
         quick = time.monotonic()
         check.raises(GroupAbortedError, lambda: pg.barrier(), "later call after the error")
-        check.check(time.monotonic() - quick < 0.5, "later call raised at once")
+        check.check(time.monotonic() - quick < 1.0, "later call raised at once (not after a timeout)")
     else:
         time.sleep(timeout + 1)
 elif mode == "different":
@@ -78,6 +115,44 @@ elif mode == "mismatch_op":
     if error is not None:
         text = str(error)
         check.check("collective differs" in text and "broadcast" in text and "allreduce" in text, text)
+elif mode == "new_group_lists":
+    asked = [0] if rank == 1 else [0, 1]
+    error = check.raises(commlib.InvalidUsageError, lambda: pg.new_group(asked), "different member lists")
+    if error is not None:
+        check.check("rank 1: [0]" in str(error) and "rank 0: [0, 1]" in str(error), str(error))
+    sub = pg.new_group(list(range(pg.size)))  # the group stays usable after the usage error
+    buf = np.ones(3)
+    sub.allreduce(buf)
+    check.equal(buf, np.full(3, float(pg.size)), "allreduce on the group created afterwards")
+elif mode == "thread_order":
+    # Rule 1 of commlib/executor.py: the program must issue in one order on every rank. Two
+    # threads that issue in a rank-dependent order break it; the fingerprints must say so.
+    shapes = {"first": (8,), "second": (4, 4)}
+    order = ["first", "second"] if rank == 0 else ["second", "first"]
+    works = {}
+
+    def issue(name):
+        try:
+            works[name] = pg.allreduce(np.ones(shapes[name]), async_op=True)
+        except GroupAbortedError:  # the first one failed already: the group is poisoned
+            works[name] = None
+
+    for name in order:
+        thread = threading.Thread(target=issue, args=(name,))
+        thread.start()
+        thread.join()
+    mismatches = []
+    for name in order:
+        try:
+            if works[name] is not None:
+                works[name].wait()
+        except CollectiveMismatchError as exc:
+            mismatches.append(str(exc))
+        except GroupAbortedError:
+            pass
+    check.check(len(mismatches) == 1, f"one CollectiveMismatchError expected, got {mismatches}")
+    for text in mismatches:
+        check.check("shape differs" in text and "(8,)" in text and "(4, 4)" in text, text)
 else:
     raise SystemExit(f"unknown mode {mode}")
 check.finish()

@@ -34,8 +34,8 @@ CONFIGS = {
     "find_unused_parameters": (dict(bucket_cap_mb=0.002, find_unused_parameters=True), None, True),
     "static_graph": (dict(bucket_cap_mb=0.002, static_graph=True), None, True),
     "fp16_compress_hook": (dict(bucket_cap_mb=0.002), "fp16", False),
-    # One bucket: PowerSGD issues collectives from completion callbacks; with several buckets in
-    # flight those race with the next bucket's launch on any CPU backend (see backend.py).
+    # One bucket: the reference, gloo, hangs with several buckets in flight (PowerSGD's callback
+    # collectives race the next bucket's launch there); ours with six: powersgd_buckets.py.
     "powerSGD_hook": (dict(bucket_cap_mb=25), "powersgd", False),
 }
 

@@ -107,10 +107,11 @@ def check_recv_anysource(checker, gloo, rank, size):
                   f"recv from any source: commlib saw {sorted(ours)}, gloo {sorted(theirs)}")
     for source, buf in ours.items():
         same_bits(checker, buf, theirs[source], f"recv from any source: rank {source}'s message")
+    # Its own tag: a wildcard receive would also match the next check's tag-0 messages.
     if rank == 0:
-        work = dist.irecv(torch.empty(2))
+        work = dist.irecv(torch.empty(2), tag=13)
     if rank == size - 1:
-        dist.send(torch.ones(2), 0)
+        dist.send(torch.ones(2), 0, tag=13)
     if rank == 0:
         work.wait()
         checker.check(work._source_rank() == size - 1, f"irecv(src=None) source {work._source_rank()}")

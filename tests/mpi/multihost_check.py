@@ -1,0 +1,91 @@
+"""python -m commlib.cluster run -n P -ppn K -- python tests/mpi/multihost_check.py K HOST,HOST... ADDR,ADDR... [tcp|shm]
+
+That a job on a cluster of namespaces really spans hosts: rank r runs on host r // K under that
+host's own name (``gethostname`` and MPI's processor name), and (``tcp``, the default) its
+messages to the same-position rank of the next host travel over a TCP connection of its own
+process to that host's address. ``shm`` expects the opposite (no such connection: MPICH's
+default path between namespaces of one machine), so the TCP check is seen to fail when it
+should.
+"""
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import commlib  # noqa: E402
+from verdict import Checker  # noqa: E402
+
+
+def socket_inodes(pid):
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def tcp_peers_of_this_process():
+    """Remote IPv4 addresses of this process's own established TCP connections.
+
+    Sockets inherited from hydra's proxy (its connection to mpiexec, on the first host) are
+    also held by the parent process and do not count.
+    """
+    inodes = socket_inodes("self") - socket_inodes(os.getppid())
+    peers = set()
+    for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state, inode = fields[2], fields[3], fields[9]
+        if state == "01" and inode in inodes:  # 01: ESTABLISHED
+            peers.add(socket.inet_ntoa(bytes.fromhex(remote.split(":")[0])[::-1]))
+    return peers
+
+
+def main():
+    ppn = int(sys.argv[1])
+    hostnames, addresses = sys.argv[2].split(","), sys.argv[3].split(",")
+    expect_tcp = (sys.argv[4] if len(sys.argv) > 4 else "tcp") == "tcp"
+    pg = commlib.init(timeout=60)
+    rank, size = pg.rank, pg.size
+    check = Checker()
+    my_host = rank // ppn
+    check.check(socket.gethostname() == hostnames[my_host],
+                f"gethostname() {socket.gethostname()!r}, expected {hostnames[my_host]!r}")
+    check.check(MPI.Get_processor_name() == hostnames[my_host],
+                f"MPI processor name {MPI.Get_processor_name()!r}, expected {hostnames[my_host]!r}")
+    names = MPI.COMM_WORLD.allgather(socket.gethostname())
+    check.check(len(set(names)) == len(hostnames), f"host names of the ranks {names}: expected "
+                f"{len(hostnames)} different ones")
+    # A point-to-point exchange with the same-position rank of the next and previous host.
+    forward, backward = (rank + ppn) % size, (rank - ppn) % size
+    received = np.zeros(1024, np.int64)
+    MPI.COMM_WORLD.Sendrecv(np.full(1024, rank, np.int64), dest=forward, recvbuf=received, source=backward)
+    check.equal(received, np.full(1024, backward, np.int64), f"message from rank {backward}")
+    data = np.full(1000, rank + 1, np.float64)
+    pg.allreduce(data)
+    check.equal(data, np.full(1000, size * (size + 1) / 2), "allreduce across hosts")
+    other_hosts = {addresses[(my_host + 1) % len(addresses)], addresses[(my_host - 1) % len(addresses)]}
+    over_tcp = tcp_peers_of_this_process() & other_hosts
+    if expect_tcp:
+        check.check(over_tcp, f"no TCP connection of this process (on {hostnames[my_host]}) to "
+                    f"another host's address {sorted(other_hosts)} after messages to ranks "
+                    f"{forward} and from {backward}")
+    else:
+        check.check(not over_tcp, f"TCP connections to {sorted(over_tcp)}, expected none (shm)")
+    if rank == 0:
+        print(f"ranks per host: {[names.count(h) for h in hostnames]}; rank 0 talks TCP to "
+              f"{sorted(tcp_peers_of_this_process())}", flush=True)
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()

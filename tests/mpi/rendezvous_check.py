@@ -1,0 +1,43 @@
+"""mpiexec -n P python tests/mpi/rendezvous_check.py
+
+The TCP store of the "commlib" torch backend is found by every rank: each rank writes a key and
+reads every other rank's. Without MASTER_ADDR, each rank reached rank 0 at one of rank 0's own
+interface addresses (127.0.0.1 on one host); with MASTER_ADDR/MASTER_PORT, at exactly those.
+"""
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mpi4py import MPI  # noqa: E402
+
+from autograd_bridge.rendezvous import rendezvous_store  # noqa: E402
+from commlib.root_address import interface_addresses, reachable_root_address  # noqa: E402
+from verdict import Checker  # noqa: E402
+
+
+def main():
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    check = Checker()
+    store = rendezvous_store(timeout=timedelta(seconds=60))
+    store.set(f"rank{rank}", f"hello from {rank}")
+    for peer in range(size):
+        check.check(store.get(f"rank{peer}").decode() == f"hello from {peer}", f"key of rank {peer}")
+    master_addr, master_port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if master_port:
+        check.check(store.port == int(master_port), f"store port {store.port}, MASTER_PORT {master_port}")
+    if not master_addr:
+        offered = comm.bcast(interface_addresses() if rank == 0 else None, root=0)
+        chosen = reachable_root_address(comm)
+        one_host = len(set(comm.allgather(MPI.Get_processor_name()))) == 1
+        expected = ["127.0.0.1"] if one_host or rank == 0 else offered
+        check.check(chosen in expected, f"reached rank 0 at {chosen}, expected one of {expected}")
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()
