@@ -69,9 +69,12 @@ def main():
     if rank < 2:
         stage = model()[rank]
         train_stage(rank, stage, steps)
-        second = [p.detach().clone() for p in model()[1].parameters()]
-        for mine, theirs in zip(stage.parameters(), second):  # rank 1's parameters to rank 0
-            dist.send(mine.detach(), 0) if rank == 1 else dist.recv(theirs, 1)
+        second = [p.detach().clone() for p in model()[1].parameters()]  # rank 1's, sent to rank 0
+        for index, buf in enumerate(second):
+            if rank == 1:
+                dist.send(list(stage.parameters())[index].detach(), 0)
+            else:
+                dist.recv(buf, 1)
     if rank == 0:
         reference = model()  # the whole model, one process, the same microbatches
         optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)

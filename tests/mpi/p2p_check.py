@@ -98,6 +98,7 @@ def check_separate_from_collectives(check, pg):
     check.check(pg.seq == seq_before + 3, f"collectives took {pg.seq - seq_before} numbers, expected 3")
     if rank == 0:
         check.check(not any(work.is_completed() for work in pending), "a p2p receive matched a collective's message")
+    MPI.COMM_WORLD.Barrier()  # outside commlib: rank 1 sends the real messages only after the look
     seq_before = pg.seq
     if rank != 0:
         for k, work_tag in enumerate((seq_before - 2, seq_before - 1, seq_before)):
