@@ -22,14 +22,16 @@ from .group import ProcessGroup
 from .ops import ReduceOp
 from .p2p import ANY_SOURCE
 from .runtime import init, is_initialized, shutdown, world
+from .topology import Topology
 from .transport import Pending, Transport
+from .transport_view import RankView
 from .work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
     "init", "world", "is_initialized", "shutdown", "algorithms", "register_algorithm", "ANY_SOURCE",
-    "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Config", "load_config",
+    "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Topology", "RankView", "Config", "load_config",
     "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",
     "GroupAbortedError", "PeerExitedError",
 ]

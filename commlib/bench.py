@@ -245,6 +245,7 @@ def main(argv=None) -> int:
               f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
         print(f"# time: median over iterations of the slowest rank; busbw = algbw x {factor:.3g}; "
               f"ratio: time / {baseline}'s")
+        print(f"# ranks per host: {pg.topology.describe()}")
         print(HEADER, flush=True)
     nbytes = args.min_bytes
     while nbytes <= args.max_bytes:
@@ -262,7 +263,8 @@ def main(argv=None) -> int:
             row = dict(collective=collective, size=setup.nbytes, count=setup.count, dtype=dtype.name,
                        algorithm=name, time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * factor,
                        wrong=wrong, ratio=seconds / baseline_time if baseline_time else float("nan"),
-                       ranks=size, segment_bytes=pg.segment_bytes)
+                       ranks=size, segment_bytes=pg.segment_bytes,
+                       hosts=[list(ranks) for ranks in pg.topology.host_ranks])
             rows.append(row)
             if rank == 0:
                 print(format_row(row), flush=True)

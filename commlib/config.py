@@ -16,6 +16,9 @@ variable                    meaning                                             
                             share a GPU; bytes go through host memory and MPI)
 ``COMMLIB_CRASH_WITNESS``   ``0``: no per-host witness process naming a rank killed    ``1``
                             by a signal (see :mod:`commlib.crash_witness`)
+``COMMLIB_COST_MODEL``      a cost model JSON (``python -m commlib.costmodel fit``):    (unset)
+                            ``"auto"`` picks its cheapest prediction for groups that
+                            span hosts
 ==========================  ========================================================  =========
 
 Tests change behaviour through arguments (``commlib.init(debug=True)``, ``segment_bytes=``),
@@ -84,6 +87,7 @@ class Config:
     segment_bytes: int = 1 << 20
     gpu_transport: str = "nccl"
     crash_witness: bool = True
+    cost_model: Optional[str] = None
     # ((collective, algorithm), ...) from COMMLIB_ALGO_<COLLECTIVE>, sorted; a tuple keeps it frozen.
     collective_algorithms: Tuple[Tuple[str, str], ...] = ()
 
@@ -117,6 +121,8 @@ class Config:
                           if environ.get(f"COMMLIB_ALGO_{collective.upper()}", "").strip())
         if overrides:
             values["collective_algorithms"] = overrides
+        if environ.get("COMMLIB_COST_MODEL", "").strip():
+            values["cost_model"] = environ["COMMLIB_COST_MODEL"].strip()
         return cls(**values)
 
 

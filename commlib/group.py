@@ -20,11 +20,14 @@ from mpi4py import MPI
 
 from . import algorithms as _algorithms
 from .auto import choose, native_threshold
+from .auto_hosts import choose_across_hosts, native_threshold_across_hosts
 from .collectives import CollectiveMethods
 from .config import Config
 from .errors import InvalidUsageError
 from .executor import CommExecutor
+from .crash_witness import witness_endpoint
 from .progress_board import ProgressBoard
+from .topology import discover_topology
 from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
 from .p2p import PointToPoint, PointToPointMethods
@@ -57,7 +60,10 @@ class ProcessGroup(CollectiveMethods, PointToPointMethods):
         self.device = device
         self.gpu_transport = gpu_transport or config.gpu_transport
         self.transport = MPITransport(comm)
-        self.progress = ProgressBoard(comm) if self.size > 1 else None
+        # Which ranks share a host: for algorithms (through the transport), auto, and timeouts.
+        self.topology = discover_topology(comm, witness_endpoint())
+        self.transport.topology = self.topology
+        self.progress = ProgressBoard(comm, self.topology) if self.size > 1 else None
         self.transport.progress_board = self.progress
         self._progress_slot = self.progress.mine_slot if self.progress is not None else None
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
@@ -70,6 +76,11 @@ class ProcessGroup(CollectiveMethods, PointToPointMethods):
         # general machinery (see _native_allreduce_inline).
         self._small_fast_path_ok = not self.debug
         self._auto_native_bytes = native_threshold(self.size, config.algorithm_override)
+        self._cost_model = None
+        if self.topology.spans_hosts:  # across hosts "auto" has its own table, or a fitted model
+            self._cost_model = load_cost_model(config.cost_model)
+            self._auto_native_bytes = native_threshold_across_hosts(
+                self.topology, config.algorithm_override, self._cost_model, _algorithms._REGISTRY)
         if self.debug:
             from .fingerprint import FingerprintChecker
 
@@ -182,6 +193,8 @@ class ProcessGroup(CollectiveMethods, PointToPointMethods):
                 return override
             if on_gpu:  # NCCL's own collectives beat a Python schedule over NCCL send/recv
                 return "native"
+            if collective == "allreduce" and self.topology.spans_hosts:
+                return choose_across_hosts(nbytes, self.topology, _algorithms._REGISTRY, self._cost_model)
             return choose(collective, nbytes, self.size, _algorithms._REGISTRIES[collective])
         if algorithm.__class__ is not str:
             raise InvalidUsageError(f"{collective}: algorithm must be a str, got {algorithm!r}")
@@ -283,6 +296,15 @@ class ProcessGroup(CollectiveMethods, PointToPointMethods):
 
             self._gpu = GpuBackend(self)
         return self._gpu
+
+
+def load_cost_model(path: Optional[str]):
+    """The model ``COMMLIB_COST_MODEL`` names (read once per group that spans hosts), or None."""
+    if not path:
+        return None
+    from .costmodel import CostModel
+
+    return CostModel.load(path)
 
 
 def _split_communicator(comm, color: int, key: int):

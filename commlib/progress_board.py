@@ -23,7 +23,7 @@ import os
 import secrets
 import sys
 import tempfile
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -40,15 +40,32 @@ _SLOT_BYTES = 8
 
 
 class ProgressBoard:
-    def __init__(self, comm: MPI.Comm):
+    def __init__(self, comm: MPI.Comm, topology=None):
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self.topology = topology
+        self.key = ""
+        self._exited = False
+        if topology is not None and topology.spans_hosts:
+            # Names this group to the witnesses of every host (and is what askers must know).
+            self.key = comm.bcast(secrets.token_hex(8) if self.rank == 0 else None, root=0)
         node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        group, node_group = comm.Get_group(), node_comm.Get_group()
         try:
-            node_ranks = comm.Get_group().Translate_ranks(list(range(self.size)), node_comm.Get_group())
-            self._mapping = _map_shared_board(node_comm)
+            node_ranks = group.Translate_ranks(list(range(self.size)), node_group)
+            self._mapping, board_fd = _map_shared_board(node_comm)
         finally:
+            group.Free()
+            node_group.Free()
             node_comm.Free()
+        if board_fd is not None:
+            try:
+                if self.key and self._mapping is not None:
+                    from .crash_witness import register_board
+
+                    register_board(self.key, self.rank, node_ranks[self.rank], board_fd)
+            finally:
+                os.close(board_fd)
         self._slots: List = []
         if self._mapping is not None:
             board = np.frombuffer(self._mapping, dtype=np.int64)
@@ -70,35 +87,55 @@ class ProgressBoard:
         self.mine[0] = (seq << _CODE_BITS) | COLLECTIVE_CODES.get(collective, 0)
 
     def laggards(self, seq: int, collective: str) -> str:
-        """Text naming the peers that have not started collective ``seq`` (or run another one)."""
+        """Text naming the peers that have not started collective ``seq`` (or run another one).
+
+        Peers on this host are read from the board; those on other hosts are asked of their
+        hosts' crash witnesses (bounded: :data:`commlib.remote_progress.QUERY_SECONDS`).
+        """
         behind, different, unknown = [], [], []
+        remote, why_unknown = self._ask_remote_hosts()
+        spans = self.topology is not None and self.topology.spans_hosts
         for peer, slot in enumerate(self._slots):
             if peer == self.rank:
                 continue
-            if slot is None:
+            name = f"rank {peer} on host {self.topology.host_name_of(peer)}" if spans else f"rank {peer}"
+            state = "alive"
+            if slot is not None:
+                value = int(slot[0])
+            elif peer in remote and remote[peer].value >= 0:
+                value, state = remote[peer]
+            elif _witness_gone(why_unknown.get(self.topology.host_of(peer)) if spans else None):
+                behind.append(f"{name} (every rank on its host has ended: its crash witness is gone)")
+                continue
+            else:
                 unknown.append(peer)
                 continue
-            value = int(slot[0])
             peer_seq, peer_code = value >> _CODE_BITS, value & ((1 << _CODE_BITS) - 1)
             peer_name = _NAMES.get(peer_code, "nothing yet")
-            if peer_code == EXITED_CODE:
-                behind.append(f"rank {peer} (its process exited after #{peer_seq})")
+            last = f"last started {peer_name} #{peer_seq}" if peer_seq else "started no collective yet"
+            if state == "died":
+                behind.append(f"{name} (its process died without a clean exit after starting "
+                              f"{peer_name} #{peer_seq})" if peer_seq else f"{name} (its process died)")
+            elif peer_code == EXITED_CODE or state == "bye":
+                behind.append(f"{name} (its process exited after #{peer_seq})")
+            elif state == "abort":
+                behind.append(f"{name} (its process aborted the job; {last})")
             elif peer_seq < seq:
-                last = f"last started {peer_name} #{peer_seq}" if peer_seq else "started no collective yet"
-                behind.append(f"rank {peer} ({last})")
+                behind.append(f"{name} ({last})")
             elif peer_seq == seq and peer_name != collective:
-                different.append(f"rank {peer} (called {peer_name} #{peer_seq} instead)")
+                different.append(f"{name} (called {peer_name} #{peer_seq} instead)")
             elif peer_seq > seq:
-                different.append(f"rank {peer} (already at {peer_name} #{peer_seq})")
+                different.append(f"{name} (already at {peer_name} #{peer_seq})")
         parts = []
         if behind:
             parts.append("never heard from " + ", ".join(behind))
         if different:
             parts.append("out of step: " + ", ".join(different))
         if unknown:
-            parts.append(f"state unknown for off-node rank(s) {', '.join(map(str, unknown))}")
+            parts.append(self._describe_unknown(unknown, why_unknown))
         if not parts:
-            return "every on-node peer entered this collective (one of them may be stuck in it)"
+            where = "peer" if spans else "on-node peer"
+            return f"every {where} entered this collective (one of them may be stuck in it)"
         return "; ".join(parts)
 
     def exited_before(self, seq: int) -> List[int]:
@@ -113,12 +150,52 @@ class ProgressBoard:
                 gone.append(peer)
         return gone
 
+    def _ask_remote_hosts(self):
+        """Board values of the ranks on other hosts, from their witnesses; (states, why-not by host)."""
+        topology = self.topology
+        if topology is None or not topology.spans_hosts:
+            return {}, {}
+        ranks_by_host: Dict[int, List[int]] = {}
+        for peer, slot in enumerate(self._slots):
+            if slot is None and peer != self.rank:
+                ranks_by_host.setdefault(topology.host_of(peer), []).append(peer)
+        if not ranks_by_host:
+            return {}, {}
+        endpoints = dict(enumerate(topology.witness_endpoints))
+        if not self.key or not endpoints:
+            return {}, {host: "no crash witness (COMMLIB_CRASH_WITNESS=0?)" for host in ranks_by_host}
+        from .remote_progress import ask_hosts
+
+        states, failures = ask_hosts(self.key, endpoints, ranks_by_host)
+        for host, ranks in ranks_by_host.items():
+            if host not in failures and any(states.get(r, (-1, ""))[0] < 0 for r in ranks):
+                failures[host] = "its crash witness does not know this group's ranks there"
+        return states, failures
+
+    def _describe_unknown(self, unknown, why_unknown) -> str:
+        topology = self.topology
+        if topology is None or not topology.spans_hosts:
+            return f"state unknown for off-node rank(s) {', '.join(map(str, unknown))}"
+        by_host: Dict[int, List[int]] = {}
+        for peer in unknown:
+            by_host.setdefault(topology.host_of(peer), []).append(peer)
+        return "; ".join(
+            f"state unknown for rank(s) {', '.join(map(str, ranks))} on host {topology.host_names[host]} "
+            f"({why_unknown.get(host, 'no board')})"
+            for host, ranks in by_host.items())
+
     def mark_exited(self) -> None:
+        self._exited = True
         if self.mine is not None:
             self.mine[0] = (int(self.mine[0]) >> _CODE_BITS << _CODE_BITS) | EXITED_CODE
 
     def close(self) -> None:
         """Drop this rank's view of the board (local: never waits for a peer). Idempotent."""
+        if self.key and not self._exited:  # at exit the witness keeps showing "exited"
+            from .crash_witness import unregister_board
+
+            unregister_board(self.key)
+        self.key = ""
         self._slots = []
         self.mine = None
         if self.mine_slot is not None:
@@ -132,15 +209,22 @@ class ProgressBoard:
                 pass
 
 
+def _witness_gone(why) -> bool:
+    """The witness's port refused the connection: it has exited, after the last rank of its host."""
+    return why is not None and "refused" in why.lower()
+
+
 def _board_directory() -> str:
     """Node-local memory when there is such a file system (Linux), else the temporary directory."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
-def _map_shared_board(node_comm: MPI.Comm) -> Optional[mmap.mmap]:
+def _map_shared_board(node_comm: MPI.Comm):
     """Collective over ``node_comm``: one 8-byte slot per node rank, mapped by every node rank.
 
-    None on every node rank when any of them could not map it (the board then knows no peer).
+    Returns ``(mapping, fd)``: ``fd`` (the caller closes it) lets the crash witness map the board
+    too. The mapping is None on every node rank when any of them could not map it (the board
+    then knows no peer).
     """
     node_rank, node_size = node_comm.Get_rank(), node_comm.Get_size()
     path, error = None, None
@@ -155,14 +239,11 @@ def _map_shared_board(node_comm: MPI.Comm) -> Optional[mmap.mmap]:
         except OSError as exc:
             path, error = None, exc
     path = node_comm.bcast(path, root=0)
-    mapping = None
+    mapping = fd = None
     if path is not None:
         try:
             fd = os.open(path, os.O_RDWR)
-            try:
-                mapping = mmap.mmap(fd, _SLOT_BYTES * node_size)
-            finally:
-                os.close(fd)
+            mapping = mmap.mmap(fd, _SLOT_BYTES * node_size)
         except OSError as exc:
             error = exc
     everyone_mapped = node_comm.allreduce(mapping is not None, op=MPI.LAND)  # also: all have opened it
@@ -177,4 +258,4 @@ def _map_shared_board(node_comm: MPI.Comm) -> Optional[mmap.mmap]:
     if not everyone_mapped and mapping is not None:
         mapping.close()
         mapping = None
-    return mapping
+    return mapping, fd

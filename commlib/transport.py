@@ -5,6 +5,8 @@ which peer at which step, and when partial results are combined. It never import
 cupy. It sees a :class:`Transport`, which offers
 
 * ``rank``, ``size`` and ``xp`` (the array module of the buffers: numpy, or cupy on GPU);
+* ``topology``: which ranks share a host (:class:`commlib.topology.Topology`), set by the
+  group from what it discovered at creation; a transport nobody told is one host;
 * ``post(sends, recvs)``: start every transfer of one step at once and return a
   :class:`Pending` whose ``wait()`` completes them (MPI: Isend/Irecv + Waitall with a deadline;
   NCCL: one ``groupStart/groupEnd`` on the comm stream, ``wait()`` is free because the stream
@@ -19,7 +21,9 @@ cupy. It sees a :class:`Transport`, which offers
   implements these), and ``native_gather(out, inp, root)``, ``native_scatter(out, inp, root)``,
   ``native_alltoall(out, inp)``, ``native_alltoallv(out, inp, out_counts, in_counts)``, whose
   defaults here post every transfer of the collective in one step (what NCCL recommends for
-  its missing alltoall); a transport whose library has them overrides them (MPI).
+  its missing alltoall); a transport whose library has them overrides them (MPI);
+* ``concurrent_posts``: whether two threads may post at once, to disjoint pairs of ranks (MPI:
+  yes, messages match per pair and tag; NCCL: no, every rank must call in one order).
 
 Sends and receives are ``(buffer_slice, peer)`` pairs; slices must be contiguous views of
 1-D arrays. Between ``post`` and ``wait`` an algorithm may do local work (reduce the previous
@@ -33,6 +37,7 @@ import dataclasses
 from typing import Sequence, Tuple
 
 from .ops import ReduceOp, reduce_into, reduce_ordered
+from .topology import Topology
 
 __all__ = ["Transport", "Pending", "CompletedPending", "CollectiveContext", "Transfer"]
 
@@ -81,10 +86,24 @@ class Transport(abc.ABC):
     rank: int
     size: int
     xp: object  # the array module
+    concurrent_posts: bool = False
 
     def __init__(self) -> None:
         self.context = CollectiveContext()
         self._scratch = {}
+        self._topology = None
+
+    @property
+    def topology(self) -> Topology:
+        """Which ranks share a host; one host when nobody said otherwise."""
+        topology = self._topology
+        if topology is None or topology.size != self.size:
+            return Topology.single_host(self.rank, self.size)
+        return topology
+
+    @topology.setter
+    def topology(self, topology: Topology) -> None:
+        self._topology = topology
 
     # -- moving bytes -------------------------------------------------------------------------
     @abc.abstractmethod

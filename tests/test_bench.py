@@ -12,7 +12,7 @@ import pytest
 
 from mpirun import ROOT, mpiexec_path
 
-ALGORITHMS = ["native", "rabenseifner", "recursive_doubling", "ring", "tree", "auto"]  # the registry's order
+ALGORITHMS = ["hierarchical", "native", "rabenseifner", "recursive_doubling", "ring", "tree", "auto"]  # the registry's order
 
 
 def parse_table(output: str):
@@ -46,6 +46,7 @@ def test_bench_table_parses_and_nothing_is_wrong(tmp_path, dtype):
         assert row["count"] == row["size"] // itemsize and row["dtype"] == dtype
         assert row["time_us"] > 0 and row["busbw"] == pytest.approx(row["algbw"], abs=2e-3)  # P=2
     assert "out of bounds values: 0 OK" in result.stdout
+    assert "# ranks per host: 1 host: " in result.stdout and " [0,1]" in result.stdout
     assert [(r["size"], r["algorithm"], r["wrong"]) for r in json.loads(json_path.read_text())] == \
         [(r["size"], r["algorithm"], r["wrong"]) for r in rows]
 

@@ -16,9 +16,9 @@ from commlib.validation import check_buffer, check_no_overlap, check_root, check
 def test_config_reads_every_variable():
     config = Config.from_env({"COMMLIB_ALGO": "ring", "COMMLIB_DEBUG": "yes", "COMMLIB_TIMEOUT": "7.5",
                               "COMMLIB_SEGMENT_BYTES": "4096", "COMMLIB_GPU_TRANSPORT": "host_staged",
-                              "COMMLIB_CRASH_WITNESS": "0"})
+                              "COMMLIB_CRASH_WITNESS": "0", "COMMLIB_COST_MODEL": " model.json "})
     assert config == Config(algorithm_override="ring", debug=True, timeout=7.5, segment_bytes=4096,
-                            gpu_transport="host_staged", crash_witness=False)
+                            gpu_transport="host_staged", crash_witness=False, cost_model="model.json")
     assert Config.from_env({}) == Config()
     with pytest.raises(ValueError, match="COMMLIB_TIMEOUT"):
         Config.from_env({"COMMLIB_TIMEOUT": "-1"})

@@ -109,6 +109,7 @@ _BUILTINS = (
     ("allreduce", "tree", "tree", "allreduce_tree"),
     ("allreduce", "recursive_doubling", "recursive_doubling", "allreduce_recursive_doubling"),
     ("allreduce", "rabenseifner", "rabenseifner", "allreduce_rabenseifner"),
+    ("allreduce", "hierarchical", "hierarchical", "allreduce_hierarchical"),
     ("broadcast", "binomial", "broadcast_binomial", "broadcast_binomial"),
     ("broadcast", "chain", "broadcast_chain", "broadcast_chain"),
     ("broadcast", "flat", "broadcast_flat", "broadcast_flat"),
