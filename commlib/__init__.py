@@ -5,6 +5,8 @@ Quick tour::
     import commlib
     pg = commlib.init()                      # under mpiexec
     pg.allreduce(array)                      # in place, sum
+    pg.allgather(out, array, algorithm="bruck")
+    pg.send(array, dst=1); source = pg.recv(array, commlib.ANY_SOURCE)
     work = pg.allreduce(array, commlib.ReduceOp.AVG, algorithm="ring", async_op=True)
     work.wait()
 
@@ -18,6 +20,7 @@ from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, Group
                      InvalidUsageError, PeerExitedError)
 from .group import ProcessGroup
 from .ops import ReduceOp
+from .p2p import ANY_SOURCE
 from .runtime import init, is_initialized, shutdown, world
 from .topology import Topology
 from .transport import Pending, Transport
@@ -27,13 +30,13 @@ from .work import Work
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "world", "is_initialized", "shutdown", "algorithms", "register_algorithm",
+    "init", "world", "is_initialized", "shutdown", "algorithms", "register_algorithm", "ANY_SOURCE",
     "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Topology", "RankView", "Config", "load_config",
     "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",
     "GroupAbortedError", "PeerExitedError",
 ]
 
 
-def algorithms():
-    """Names of the allreduce algorithms (for ``algorithm=``; ``"auto"`` is also accepted)."""
-    return _algorithm_names()
+def algorithms(collective: str = "allreduce"):
+    """Names of ``collective``'s algorithms (for ``algorithm=``; ``"auto"`` is also accepted)."""
+    return _algorithm_names(collective)

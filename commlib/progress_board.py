@@ -31,7 +31,8 @@ from mpi4py import MPI
 __all__ = ["ProgressBoard", "COLLECTIVE_CODES"]
 
 COLLECTIVE_CODES = {"allreduce": 1, "broadcast": 2, "reduce": 3, "allgather": 4,
-                    "reduce_scatter": 5, "barrier": 6, "new_group": 7}
+                    "reduce_scatter": 5, "barrier": 6, "new_group": 7, "alltoall": 8,
+                    "alltoallv": 9, "alltoallv_counts": 10, "gather": 11, "scatter": 12}
 EXITED_CODE = 255  # written at interpreter exit, so peers can tell "exited" from "slow"
 _NAMES = {code: name for name, code in COLLECTIVE_CODES.items()}
 _CODE_BITS = 8

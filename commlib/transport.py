@@ -15,6 +15,13 @@ cupy. It sees a :class:`Transport`, which offers
 * ``reduce(dst, src, op, src_first=False)``: the local element-wise combine;
 * ``scratch(count, dtype, slot)``: a reusable work buffer owned by the transport, so pipelined
   algorithms need one chunk of extra memory, not a copy of the user's buffer;
+* the library's own collectives, for the ``"native"`` algorithms: ``native_allreduce(buf, op)``,
+  ``native_broadcast(buf, root)``, ``native_reduce(buf, root, op)``, ``native_allgather(out,
+  inp)``, ``native_reduce_scatter(out, inp, op)``, ``native_barrier()`` (every transport
+  implements these), and ``native_gather(out, inp, root)``, ``native_scatter(out, inp, root)``,
+  ``native_alltoall(out, inp)``, ``native_alltoallv(out, inp, out_counts, in_counts)``, whose
+  defaults here post every transfer of the collective in one step (what NCCL recommends for
+  its missing alltoall); a transport whose library has them overrides them (MPI);
 * ``concurrent_posts``: whether two threads may post at once, to disjoint pairs of ranks (MPI:
   yes, messages match per pair and tag; NCCL: no, every rank must call in one order).
 
@@ -115,6 +122,46 @@ class Transport(abc.ABC):
     def sendrecv(self, sendbuf, dst: int, recvbuf, src: int) -> None:
         self.exchange(sends=((sendbuf, dst),), recvs=((recvbuf, src),))
 
+    # -- the library's collectives that not every library has: one step of every transfer ------
+    def native_gather(self, out, inp, root: int) -> None:
+        block = inp.size
+        if block == 0:
+            return
+        if self.rank != root:
+            self.exchange(sends=((inp, root),))
+            return
+        self.copy(out[root * block:(root + 1) * block], inp)
+        self.exchange(recvs=[(out[peer * block:(peer + 1) * block], peer)
+                             for peer in range(self.size) if peer != root])
+
+    def native_scatter(self, out, inp, root: int) -> None:
+        block = out.size
+        if block == 0:
+            return
+        if self.rank != root:
+            self.exchange(recvs=((out, root),))
+            return
+        self.copy(out, inp[root * block:(root + 1) * block])
+        self.exchange(sends=[(inp[peer * block:(peer + 1) * block], peer)
+                             for peer in range(self.size) if peer != root])
+
+    def native_alltoall(self, out, inp) -> None:
+        block = inp.size // self.size
+        counts = (block,) * self.size
+        self.native_alltoallv(out, inp, counts, counts)
+
+    def native_alltoallv(self, out, inp, out_counts, in_counts) -> None:
+        rank = self.rank
+        out_offsets, in_offsets = _prefix_sums(out_counts), _prefix_sums(in_counts)
+        sends = [(inp[in_offsets[peer]:in_offsets[peer + 1]], peer) for peer in range(self.size)
+                 if peer != rank and in_counts[peer]]
+        recvs = [(out[out_offsets[peer]:out_offsets[peer + 1]], peer) for peer in range(self.size)
+                 if peer != rank and out_counts[peer]]
+        pending = self.post(sends, recvs)
+        if in_counts[rank]:
+            self.copy(out[out_offsets[rank]:out_offsets[rank + 1]], inp[in_offsets[rank]:in_offsets[rank + 1]])
+        pending.wait()
+
     # -- local work ---------------------------------------------------------------------------
     def reduce(self, dst, src, op: ReduceOp, src_first: bool = False) -> None:
         """``dst = dst (op) src``; with ``src_first`` the operands are evaluated as ``src (op) dst``."""
@@ -144,3 +191,10 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         self.release_scratch()
+
+
+def _prefix_sums(counts):
+    offsets = [0]
+    for count in counts:
+        offsets.append(offsets[-1] + count)
+    return offsets

@@ -8,7 +8,7 @@ from mpirun import ROOT, run_mpi
 
 EXAMPLES = ROOT / "mpi_examples"
 TESTED = {"allreduce_algorithms.py", "write_your_own_algorithm.py", "gradient_accumulation.py",
-          "torch_backend.py", "train_digits.py"}
+          "torch_backend.py", "train_digits.py", "pipeline_parallel.py"}
 
 
 def example(name):
@@ -51,6 +51,13 @@ def test_write_your_own_algorithm(nprocs):
 def test_gradient_accumulation():
     out = run_mpi(example("gradient_accumulation.py"), 2, "--steps", "3", timeout=120).stdout
     assert "same parameters as the big batch" in out and "collectives issued inside no_sync: 0" in out, out
+
+
+@pytest.mark.mpi
+def test_pipeline_parallel():
+    pytest.importorskip("torch")
+    out = run_mpi(example("pipeline_parallel.py"), 2, "--steps", "3", "--microbatches", "2", timeout=120).stdout
+    assert "same parameters as one process: True" in out, out
 
 
 @pytest.mark.mpi

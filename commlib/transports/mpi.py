@@ -106,6 +106,41 @@ class MPINativeCollectives:
     def native_barrier(self) -> None:
         self._wait_native(self.comm.Ibarrier(), 0)
 
+    def native_gather(self, out, inp, root: int) -> None:
+        if inp.size == 0:
+            return
+        request = self.comm.Igather(as_bytes(inp), as_bytes(out) if self.rank == root else None, root=root)
+        self._wait_native(request, inp.nbytes)
+
+    def native_scatter(self, out, inp, root: int) -> None:
+        if out.size == 0:
+            return
+        request = self.comm.Iscatter(as_bytes(inp) if self.rank == root else None, as_bytes(out), root=root)
+        self._wait_native(request, out.nbytes)
+
+    def native_alltoall(self, out, inp) -> None:
+        if inp.size == 0:
+            return
+        # mpi4py divides a [buffer, BYTE] spec into one block per rank.
+        self._wait_native(self.comm.Ialltoall(as_bytes(inp), as_bytes(out)), inp.nbytes)
+
+    def native_alltoallv(self, out, inp, out_counts, in_counts) -> None:
+        itemsize = inp.itemsize
+        send_counts = [count * itemsize for count in in_counts]
+        recv_counts = [count * itemsize for count in out_counts]
+        request = self.comm.Ialltoallv(
+            [inp.view(np.uint8), (send_counts, _displacements(send_counts)), MPI.BYTE],
+            [out.view(np.uint8), (recv_counts, _displacements(recv_counts)), MPI.BYTE])
+        self._wait_native(request, inp.nbytes)
+
+
+def _displacements(counts):
+    offsets, total = [], 0
+    for count in counts:
+        offsets.append(total)
+        total += count
+    return offsets
+
 
 class MPITransport(Transport, MPINativeCollectives):
     xp = np
