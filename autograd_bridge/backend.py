@@ -9,8 +9,10 @@
 its pybind trampoline, from C++: DDP's reducer and ``_broadcast_coalesced``). It serves what
 torch's DDP and the public collectives call: allreduce (+coalesced), broadcast, reduce,
 allgather (list, into-tensor, coalesced), reduce_scatter (list, tensor), barrier, and gather /
-scatter (over allgather / broadcast, so the *_object collectives work). Not served: send/recv,
-alltoall, monitored_barrier. Ops: SUM, AVG (floats), MIN, MAX, PRODUCT; BAND/BOR/BXOR on
+scatter (over allgather / broadcast, so the *_object collectives work); and, in
+:mod:`.backend_exchange`, send / recv / recv_anysource (so ``batch_isend_irecv`` too), alltoall
+(list and single, with and without split sizes) and monitored_barrier. Ops: SUM, AVG (floats),
+MIN, MAX, PRODUCT; BAND/BOR/BXOR on
 integer and bool CPU tensors (an allgather and a local reduce). Dtypes: every int and float
 type incl. float16/bfloat16, bool (as uint8), complex (as pairs of reals); non-contiguous
 tensors go through a contiguous copy that is copied back.
@@ -41,6 +43,7 @@ from torch._C._distributed_c10d import AllreduceOptions
 import commlib
 from commlib import InvalidUsageError
 
+from .backend_exchange import ExchangeMethods
 from .backend_work import Completer
 from .reduce_ops import PLAIN_OPS, RED, SUM_VALUE, lookup_op, op_value_of
 from .staging import NUMPY_DTYPES, Staged, chain, copy_back_all, single
@@ -51,7 +54,7 @@ BACKEND_NAME = "commlib"
 _CACHE_BYTES = 64 << 10
 
 
-class CommlibProcessGroup(dist.ProcessGroup):
+class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
     """A ``torch.distributed.ProcessGroup`` whose collectives run on a ``commlib.ProcessGroup``."""
 
     def __init__(self, group: "commlib.ProcessGroup"):

@@ -15,7 +15,6 @@ here the ranks cannot diverge.
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch.futures import Future
 

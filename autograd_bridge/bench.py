@@ -9,7 +9,8 @@ after a barrier; the table shows the median of the samples, the ratio gloo/comml
 
 Part 2: torch's own DistributedDataParallel on a 25M-parameter MLP (1024-4096-4096-1024, batch
 128 per rank, torch.set_num_threads(1), SGD), the same model and data on both backends, steps
-alternating between them; the median step time (forward + backward + optimizer) of rank 0.
+taking turns between them (``commlib.benchtools.step_in_turn``, shared with ``ddp.bench``); the
+median step time (forward + backward + optimizer) of rank 0.
 
 The functions ``allreduce_latency`` and ``ddp_step_times`` take any torch process group, for use
 by other benchmark scripts.
@@ -24,6 +25,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from commlib.benchtools import format_size, step_in_turn
 
 SIZES = (8, 64, 512, 4096, 8192, 65536, 1 << 20)
 MLP_WIDTHS = (1024, 4096, 4096, 1024)
@@ -60,34 +63,28 @@ def make_mlp(widths=MLP_WIDTHS, seed: int = 0) -> torch.nn.Module:
 
 def ddp_step_times(groups: dict, steps: int = 5, warmup: int = 2, batch: int = 128,
                    widths=MLP_WIDTHS) -> dict:
-    """{name: [seconds per step]} for torch DDP over each group; steps alternate between groups."""
+    """{name: [seconds per step]} for torch DDP over each group; steps take turns (``step_in_turn``)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank = dist.get_rank()
-    models = {name: DDP(make_mlp(widths), process_group=group) for name, group in groups.items()}
-    optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-3) for name, model in models.items()}
     data = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, widths[0], generator=data)
     target = torch.randn(batch, widths[-1], generator=data)
-    times = {name: [] for name in groups}
-    for step in range(warmup + steps):
-        for name, model in models.items():
-            dist.barrier(group=groups[name])
-            start = time.perf_counter()
-            optimizers[name].zero_grad()
-            torch.nn.functional.mse_loss(model(x), target).backward()
-            optimizers[name].step()
-            elapsed = time.perf_counter() - start
-            if step >= warmup:
-                times[name].append(elapsed)
+    optimizers = {}
+
+    def step(name, model):
+        optimizer = optimizers.get(name)
+        if optimizer is None:
+            optimizer = optimizers[name] = torch.optim.SGD(model.parameters(), lr=1e-3)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), target).backward()
+        optimizer.step()
+
+    factories = {name: (lambda group=group: DDP(make_mlp(widths), process_group=group))
+                 for name, group in groups.items()}
+    times = step_in_turn(factories, step, dist.barrier, steps, warmup)
+    optimizers.clear()
     return times
-
-
-def _format_size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
 
 
 def main(argv=None) -> None:
@@ -123,7 +120,7 @@ def main(argv=None) -> None:
             row[f"{name}_busbw"] = nbytes / seconds * 2 * (size - 1) / size / 1e9 if size > 1 else 0.0
         row["ratio"] = row["gloo_us"] / row["commlib_us"]
         results["allreduce"].append(row)
-        say(f"{_format_size(nbytes):>9} {row['count']:>7} {row['commlib_us']:>11.1f} {row['gloo_us']:>9.1f} "
+        say(f"{format_size(nbytes):>9} {row['count']:>7} {row['commlib_us']:>11.1f} {row['gloo_us']:>9.1f} "
             f"{row['ratio']:>12.1f} {row['commlib_busbw']:>18.3f} {row['gloo_busbw']:>15.3f} "
             f"{row['commlib_wrong'] + row['gloo_wrong']:>6}")
 
@@ -131,7 +128,7 @@ def main(argv=None) -> None:
         params = sum(p.numel() for p in make_mlp().parameters())
         say()
         say(f"# torch DDP step (fwd+bwd+SGD), MLP {'-'.join(map(str, MLP_WIDTHS))} ({params / 1e6:.1f}M params), "
-            f"batch 128/rank, 1 thread, P={size}, {args.steps} steps each after 2 warm-up, alternating")
+            f"batch 128/rank, 1 thread, P={size}, {args.steps} steps each after 2 warm-up, taking turns")
         times = ddp_step_times(groups, steps=args.steps)
         medians = {name: statistics.median(values) for name, values in times.items()}
         say(f"{'backend':>8} {'median ms':>10} {'min ms':>8} {'max ms':>8}")

@@ -16,6 +16,8 @@ all_gather             cat_s x_s (dim 0)                           reduce_scatte
 reduce_scatter (SUM)   chunk r of sum_s x_s (dim 0)                all_gather of dy
 broadcast (src)        x_src                                       reduce to src: sum on src, 0 elsewhere
 reduce (dst)           sum_s x_s on dst, zeros elsewhere           broadcast of dy from dst
+all_to_all             cat_s (rows of x_s for r) (dim 0)           all_to_all of dy, splits
+                                                                   swapped
 =====================  ==========================================  ==========================
 
 Each backward is written with these same functions, so double backward works too. MIN, MAX
@@ -32,6 +34,7 @@ every rank is enough.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
@@ -41,7 +44,7 @@ from commlib import InvalidUsageError, ReduceOp
 
 from .tensors import to_array
 
-__all__ = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
+__all__ = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
 
 _LINEAR_OPS = (ReduceOp.SUM, ReduceOp.AVG)
 
@@ -175,6 +178,23 @@ class _Reduce(torch.autograd.Function):
         return _Broadcast.apply(grad, ctx.dst, ctx.group), None, None
 
 
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.out_splits, ctx.in_splits, ctx.group = out_splits, in_splits, group
+        inp = x.detach().contiguous()
+        row = math.prod(inp.shape[1:])
+        out = torch.empty((sum(out_splits),) + tuple(inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+        with _on_stream_of(out):
+            group.alltoallv(to_array(out), to_array(inp), [rows * row for rows in out_splits],
+                            [rows * row for rows in in_splits])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _AllToAll.apply(grad, ctx.in_splits, ctx.out_splits, ctx.group), None, None, None
+
+
 def _check_tensor(x, collective: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"functional.{collective}: expected a torch.Tensor, got {type(x).__name__}")
@@ -219,3 +239,26 @@ def reduce(x: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor:
     if not 0 <= dst < group.size:
         raise InvalidUsageError(f"functional.reduce: dst {dst} out of range; expected 0 <= dst < {group.size}")
     return _Reduce.apply(x, dst, group)
+
+
+def all_to_all(x: torch.Tensor, output_split_sizes=None, input_split_sizes=None, group=None) -> torch.Tensor:
+    """Rows of ``x`` to every rank: ``input_split_sizes[j]`` rows (dim 0) go to rank ``j``, and
+    ``output_split_sizes[i]`` rows arrive from rank ``i``, concatenated in rank order (None:
+    equal splits). Backward: all_to_all of the gradient with the two splits swapped."""
+    _check_tensor(x, "all_to_all")
+    group = _group(group)
+    if x.dim() == 0:
+        raise InvalidUsageError("functional.all_to_all: expected a tensor with at least one dimension")
+    splits = []
+    for name, given in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
+        if given is None:
+            _dim0_chunks(x, group.size, "all_to_all")
+            given = [x.shape[0] // group.size] * group.size
+        if len(given) != group.size or any(int(rows) < 0 for rows in given):
+            raise InvalidUsageError(f"functional.all_to_all: {name} {list(given)}: expected {group.size} "
+                                    f"row counts >= 0, one per rank")
+        splits.append(tuple(int(rows) for rows in given))
+    if sum(splits[1]) != x.shape[0]:
+        raise InvalidUsageError(f"functional.all_to_all: input_split_sizes add up to {sum(splits[1])} rows; "
+                                f"expected x.shape[0] = {x.shape[0]}")
+    return _AllToAll.apply(x, splits[0], splits[1], group)

@@ -6,6 +6,8 @@ Quick tour::
     pg = commlib.init()                      # under mpiexec
     pg.allreduce(array)                      # in place, sum
     grads = pg.alloc(1 << 20)                # symmetric: allreduce reads the peers' memory in place
+    pg.allgather(out, array, algorithm="bruck")
+    pg.send(array, dst=1); source = pg.recv(array, commlib.ANY_SOURCE)
     work = pg.allreduce(array, commlib.ReduceOp.AVG, algorithm="ring", async_op=True)
     work.wait()
 
@@ -16,23 +18,27 @@ from .algorithms import algorithm_names as _algorithm_names
 from .algorithms import register_algorithm
 from .config import Config, load_config
 from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
-                     InvalidUsageError)
+                     InvalidUsageError, PeerExitedError)
 from .group import ProcessGroup
 from .ops import ReduceOp
+from .p2p import ANY_SOURCE
 from .runtime import empty, init, is_initialized, shutdown, world
+from .topology import Topology
 from .transport import Pending, Transport
+from .transport_view import RankView
 from .work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
     "init", "world", "is_initialized", "shutdown", "empty", "algorithms", "register_algorithm",
-    "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Config", "load_config",
+    "ANY_SOURCE", "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Topology", "RankView",
+    "Config", "load_config",
     "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",
-    "GroupAbortedError",
+    "GroupAbortedError", "PeerExitedError",
 ]
 
 
-def algorithms():
-    """Names of the allreduce algorithms (for ``algorithm=``; ``"auto"`` is also accepted)."""
-    return _algorithm_names()
+def algorithms(collective: str = "allreduce"):
+    """Names of ``collective``'s algorithms (for ``algorithm=``; ``"auto"`` is also accepted)."""
+    return _algorithm_names(collective)

@@ -14,7 +14,10 @@ with MPICH's hydra at P=3, the cause line (then the traceback's last line) was m
   peers never heard from) comes first, as **one line in one** ``write`` (atomic on a pipe up to
   ``PIPE_BUF``), before the traceback;
 * before aborting, the rank waits (bounded) until its launcher has read its stderr pipe empty,
-  and a short grace for peers failing at the same moment to get their own lines out.
+  and a short grace for peers failing at the same moment to get their own lines out (measured
+  with ``scripts/fault_lines.py``, P=3, 30 runs per mode: with the wait every timed-out rank's
+  line was there in every run; without it some runs kept only 1 of 3, though always at least
+  one: the one-line write alone already kept *a* cause line in 150 of 150 runs).
 """
 
 from __future__ import annotations

@@ -1,9 +1,15 @@
-"""``algorithm="auto"``: pick an allreduce schedule by message size and world size.
+"""``algorithm="auto"``: pick each collective's schedule by message size and world size.
 
-The table holds, per world-size class, ``(largest message in bytes, algorithm)`` rows; the first
-row whose bound covers the message wins. It was filled from ``python -m commlib.bench`` runs on
-the development machine (2 cores, MPICH 5 shared memory, float32, 1 MiB segments, 2026-11-30), taking
-at each size the fastest algorithm through ``ProcessGroup.allreduce``:
+Each collective has a table holding, per world-size class, ``(largest message in bytes,
+algorithm)`` rows; the first row whose bound covers the message wins. The message size is the
+byte count the benchmark reports for that collective (``python -m commlib.bench --collective
+NAME``): the buffer for broadcast, reduce and allreduce, the whole output for allgather and
+gather, the whole input for reduce_scatter, alltoall and scatter. The tables were filled from
+those runs on the development machine (2 cores, MPICH 5 shared memory, float32, 1 MiB segments),
+taking at each size the fastest algorithm through the ``ProcessGroup`` method; the measurements
+behind them are in the README.
+
+allreduce (2026-11-30):
 
 * ``P = 2``: ``native`` (MPI's ``Iallreduce``) up to 8 MiB; from 16 MiB on, the ring's and
   rabenseifner's cache-sized segments win (64 MiB: rabenseifner 23 ms, MPI 41 ms).
@@ -15,23 +21,95 @@ at each size the fastest algorithm through ``ProcessGroup.allreduce``:
   0.49 ms for the best schedule), the ring above (2 MiB: 1.8 ms against ``native`` 3.0 ms;
   16 MiB: 12.9 ms against 17.0 ms).
 
-``COMMLIB_ALGO`` overrides the choice for every call that says ``"auto"``. The group skips its
-general path for messages up to :func:`native_threshold` (an inline ``MPI_Iallreduce``), so that
-function must agree with the table.
+The other collectives: see ``_TABLES`` (each row's comment gives the measurement it rests on).
+The world-size classes were measured at P = 2, 4 and 3 on 2 cores, so P = 4 and 3 are
+oversubscribed: these rows describe this machine, not a rule; measure yours.
+
+``COMMLIB_ALGO`` (allreduce) and ``COMMLIB_ALGO_<COLLECTIVE>`` override the choice for every call
+that says ``"auto"``. For allreduce, the group skips its general path for messages up to
+:func:`native_threshold` (an inline ``MPI_Iallreduce``), so that function must agree with the
+table. A choice must depend only on what every rank knows alike (alltoallv's byte counts differ
+per rank, so its table has one row).
 """
 
 from __future__ import annotations
 
-__all__ = ["choose_allreduce", "native_threshold", "world_class", "choose_shared_memory_allreduce",
+__all__ = ["choose", "choose_allreduce", "native_threshold", "world_class", "choose_shared_memory_allreduce",
            "shared_memory_inline_bytes"]
 
+KiB = 1 << 10
 MiB = 1 << 20
 INF = float("inf")
 
-_TABLE = {
-    "2": ((8 * MiB, "native"), (INF, "rabenseifner")),
-    "pow2": ((4 * MiB, "native"), (INF, "rabenseifner")),
-    "other": ((1 * MiB, "native"), (INF, "ring")),
+_TABLES = {
+    "allreduce": {
+        "2": ((8 * MiB, "native"), (INF, "rabenseifner")),
+        "pow2": ((4 * MiB, "native"), (INF, "rabenseifner")),
+        "other": ((1 * MiB, "native"), (INF, "ring")),
+    },
+    # The rest: `python -m commlib.bench --collective NAME -b 16 -e 64M -f 4 -n 12 -w 2` at P = 2,
+    # 4 and 3 (2026-12-01, contenders interleaved); ratios are to the MPI library's own blocking
+    # call in the same run. Below ~64 KiB the library's own ("native") wins everywhere: our
+    # schedules pay the Python path once per message, the library once per call.
+    "broadcast": {
+        # one transfer, the library's (flat/binomial 1.03-1.06 at >= 4 MiB, native 1.03-1.06)
+        "2": ((INF, "native"),),
+        # flat 0.81 at 256 KiB, 0.74 at 1 MiB, 0.79 at 64 MiB; native 0.86/1.09/0.86
+        "pow2": ((4 * KiB, "native"), (INF, "flat")),
+        # P=3: flat 0.63 at 16 MiB, 0.49 at 64 MiB; native 0.64/0.57
+        "other": ((256 * KiB, "native"), (INF, "flat")),
+    },
+    "reduce": {
+        # binomial 0.66 at 256 KiB, 0.49 at 4 MiB, 0.11 at 16 MiB
+        "2": ((64 * KiB, "native"), (INF, "binomial")),
+        # 16 KiB: 1.84 vs 1.86; 4 MiB: rabenseifner 0.78, binomial 0.85
+        "pow2": ((4 * KiB, "native"), (1 * MiB, "binomial"), (INF, "rabenseifner")),
+        # P=3, 4 MiB: binomial 0.55, native 1.36; 64 MiB 0.13 vs 0.73
+        "other": ((1 * MiB, "native"), (INF, "binomial")),
+    },
+    "allgather": {
+        "2": ((INF, "native"),),  # ring/recursive doubling 1.02-1.06 at >= 4 MiB, native 1.01-1.04
+        # 4 MiB: bruck 0.86, native 1.03; 64 MiB: ring 0.91
+        "pow2": ((256 * KiB, "native"), (16 * MiB, "bruck"), (INF, "ring")),
+        # P=3: native best or within 2% at every size but 4 MiB (bruck 0.88, native 1.06)
+        "other": ((INF, "native"),),
+    },
+    "reduce_scatter": {
+        "2": ((64 * KiB, "native"), (INF, "ring")),  # ring 0.69 at 256 KiB, 0.53 at 4 MiB, 0.18 at 64 MiB
+        # pairwise 1.02 at 256 KiB (native 1.28), 0.73 at 4 MiB
+        "pow2": ((64 * KiB, "native"), (INF, "pairwise")),
+        # P=3: pairwise 0.93 at 1 MiB (native 2.75), 0.76 at 64 MiB
+        "other": ((256 * KiB, "native"), (INF, "pairwise")),
+    },
+    "alltoall": {
+        # scattered is best or within noise at every size and P
+        # (P=4: 0.92 at 4 MiB, 0.76 at 16 MiB; native 1.31/0.90)
+        "2": ((INF, "scattered"),),
+        "pow2": ((INF, "scattered"),),
+        "other": ((INF, "scattered"),),
+    },
+    "alltoallv": {  # alltoall's schedule; one row, since byte counts differ per rank
+        "2": ((INF, "scattered"),),
+        "pow2": ((INF, "scattered"),),
+        "other": ((INF, "scattered"),),
+    },
+    "gather": {
+        "2": ((INF, "native"),),  # binomial 1.04-1.11 of MPI_Gather at >= 4 MiB, native 1.04-1.09
+        "pow2": ((4 * MiB, "native"), (INF, "binomial")),  # 16 MiB: 0.43 vs 0.44; 64 MiB: 0.25 vs 0.33
+        "other": ((INF, "native"),),
+    },
+    "scatter": {  # the library's Iscatter is best or tied at every size and P
+        "2": ((INF, "native"),),
+        "pow2": ((INF, "native"),),
+        "other": ((INF, "native"),),
+    },
+    # 300 barriers: native 1.25 (P=2), 1.28 (P=4), 1.66 (P=3) of MPI_Barrier's time, dissemination
+    # 2.3 / 1.9 / 2.25 (300 interleaved calls each through benchtools.time_interleaved, 2026-12-01)
+    "barrier": {
+        "2": ((INF, "native"),),
+        "pow2": ((INF, "native"),),
+        "other": ((INF, "native"),),
+    },
 }
 
 
@@ -41,23 +119,28 @@ def world_class(world_size: int) -> str:
     return "pow2" if world_size & (world_size - 1) == 0 else "other"
 
 
-def choose_allreduce(nbytes: int, world_size: int, available) -> str:
+def choose(collective: str, nbytes: int, world_size: int, available) -> str:
+    """The algorithm ``"auto"`` means for ``collective`` at ``nbytes`` and ``world_size``."""
     if world_size == 1:
         return "native"
-    for bound, name in _TABLE[world_class(world_size)]:
+    for bound, name in _TABLES[collective][world_class(world_size)]:
         if nbytes <= bound:
             return name if name in available else "native"
     return "native"
 
 
+def choose_allreduce(nbytes: int, world_size: int, available) -> str:
+    return choose("allreduce", nbytes, world_size, available)
+
+
 def native_threshold(world_size: int, override=None) -> int:
-    """Largest message (bytes) for which ``"auto"`` means ``"native"`` (-1: never)."""
+    """Largest allreduce (bytes) for which ``"auto"`` means ``"native"`` (-1: never)."""
     if override:
         return INF if override == "native" else -1
     if world_size == 1:
         return INF
     bound = -1
-    for upper, name in _TABLE[world_class(world_size)]:
+    for upper, name in _TABLES["allreduce"][world_class(world_size)]:
         if name != "native":
             break
         bound = upper

@@ -1,18 +1,27 @@
-"""Allreduce benchmark, in the manner of nccl-tests, with MPI's own allreduce as the baseline.
+"""Collective benchmark in the manner of nccl-tests, with the MPI library's own as the baseline.
 
 Run::
 
-    mpiexec -n 4 python -m commlib.bench                      # 8 B .. 64 MiB, every algorithm
-    mpiexec -n 2 python -m commlib.bench -b 1M -e 64M -f 4 -a ring,rabenseifner --json out.json
+    mpiexec -n 4 python -m commlib.bench                              # allreduce, 8 B .. 64 MiB
+    mpiexec -n 2 python -m commlib.bench --collective allgather -b 1M -e 64M -f 4 --json out.json
+    mpiexec -n 4 python -m commlib.bench --collective broadcast -a binomial,chain,native
     mpiexec -n 2 python -m commlib.bench -a native,ring,shm_oneshot,shm_twoshot,auto --symmetric
 
-For each size it first times ``MPI_Allreduce`` in place, called directly through mpi4py (not
-through commlib), then each commlib algorithm through ``ProcessGroup.allreduce``. Every timed
-iteration starts from a fresh copy of the rank-derived input and is separated from the next by a
-barrier; a row reports the median over iterations of the slowest rank's time, algbw = bytes /
-time, busbw = algbw * 2(P-1)/P (the per-link traffic of a bandwidth-optimal allreduce), #wrong =
-elements that differ from the closed-form result after the last iteration (summed over ranks), and
-the ratio of the row's time to MPI's.
+``--collective`` is allreduce (default), broadcast, reduce, allgather, reduce_scatter, alltoall,
+gather or scatter.
+For each size it first times the MPI library's collective called directly through mpi4py
+(``MPI_Allreduce`` in place, ``MPI_Bcast``, ``MPI_Reduce``, ``MPI_Allgather``,
+``MPI_Reduce_scatter_block``, ``MPI_Alltoall``, ``MPI_Gather``, ``MPI_Scatter``; not through
+commlib), then each commlib
+algorithm through its ``ProcessGroup`` method (rooted collectives: root 0). The contenders of
+one size take turns (every iteration calls each once, the first rotating), so drift of a shared
+machine hits them alike; every call starts from a fresh copy of the rank-derived input and on a
+barrier; a row reports the median over iterations of the slowest rank's time, algbw = size / time, busbw = algbw times
+nccl-tests' factor (allreduce 2(P-1)/P; allgather, reduce_scatter, alltoall, gather, scatter
+(P-1)/P; broadcast, reduce 1), #wrong = elements that differ from the closed-form result after one more call of the
+contender (summed over ranks), and the ratio of the row's time to the MPI library's. ``size`` is the
+buffer for allreduce, broadcast and reduce, the whole output for allgather and gather, the whole
+input for reduce_scatter, alltoall and scatter (nccl-tests' convention; also what ``"auto"`` is keyed on).
 """
 
 from __future__ import annotations
@@ -25,49 +34,39 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["main", "parse_size"]
+from .benchtools import bus_factor, parse_size, resolve_dtype, time_interleaved
 
-BASELINE = "MPI_Allreduce"
-DEFAULT_ALGORITHMS = "native,ring,tree,recursive_doubling,rabenseifner,auto"
-_SUFFIXES = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-             "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+__all__ = ["main", "parse_size", "COLLECTIVES", "BASELINES"]
 
-
-def parse_size(text: str) -> int:
-    """``"8"``, ``"64K"``, ``"4MiB"`` -> bytes."""
-    stripped = text.strip().upper()
-    digits = stripped.rstrip("KMGIB")
-    suffix = stripped[len(digits):]
-    if not digits.isdigit() or suffix not in _SUFFIXES:
-        raise argparse.ArgumentTypeError(f"size {text!r}: expected an integer with an optional K/M/G suffix")
-    return int(digits) * _SUFFIXES[suffix]
-
-
-def format_size(nbytes: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather", "scatter")
+BASELINES = {"allreduce": "MPI_Allreduce", "broadcast": "MPI_Bcast", "reduce": "MPI_Reduce",
+             "allgather": "MPI_Allgather", "reduce_scatter": "MPI_Reduce_scatter_block",
+             "alltoall": "MPI_Alltoall", "gather": "MPI_Gather", "scatter": "MPI_Scatter"}
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+REDUCING = ("allreduce", "reduce", "reduce_scatter")
+ROOT = 0
+_COMBINE = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m commlib.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("-c", "--collective", default="allreduce", choices=COLLECTIVES)
     parser.add_argument("-b", "--min-bytes", type=parse_size, default=8, help="smallest size (default 8)")
     parser.add_argument("-e", "--max-bytes", type=parse_size, default=64 << 20, help="largest size (default 64M)")
     parser.add_argument("-f", "--step-factor", type=int, default=2, help="size multiplier per row (default 2)")
     parser.add_argument("-d", "--dtype", default="float32",
                         help="float16/32/64, bfloat16, int8/32/64, uint8 (default float32)")
-    parser.add_argument("-o", "--op", default="sum", choices=["sum", "min", "max", "prod"])
-    parser.add_argument("-a", "--algorithms", default=DEFAULT_ALGORITHMS,
-                        help=f"comma-separated commlib algorithms (default {DEFAULT_ALGORITHMS})")
+    parser.add_argument("-o", "--op", default="sum", choices=sorted(_COMBINE))
+    parser.add_argument("-a", "--algorithms", default=None,
+                        help="comma-separated commlib algorithms (default: all of the collective's, and auto)")
     parser.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per row (default 20)")
     parser.add_argument("-w", "--warmup", type=int, default=3, help="untimed iterations per row (default 3)")
     parser.add_argument("-s", "--segment-bytes", type=parse_size, default=None,
-                        help="pipeline segment size for ring/tree/rabenseifner (default: commlib's config)")
-    parser.add_argument("--no-baseline", action="store_true", help=f"skip the {BASELINE} rows")
+                        help="pipeline segment size of the segmented schedules (default: commlib's config)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the MPI library's rows")
     parser.add_argument("--symmetric", action="store_true",
-                        help="also time every algorithm on a symmetric buffer (pg.alloc: shared memory, "
-                             "read in place by the shm_* algorithms), rows named ALGORITHM@sym")
+                        help="allreduce: also time every algorithm on a symmetric buffer (pg.alloc: shared "
+                             "memory, read in place by the shm_* algorithms), rows named ALGORITHM@sym")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON (rank 0)")
     args = parser.parse_args(argv)
     if args.min_bytes < 1 or args.max_bytes < args.min_bytes:
@@ -76,15 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--step-factor: expected >= 2, got {args.step_factor}")
     if args.iters < 1 or args.warmup < 0:
         parser.error("--iters must be >= 1 and --warmup >= 0")
+    if args.symmetric and args.collective != "allreduce":
+        parser.error("--symmetric: only for --collective allreduce (symmetric buffers are allreduce's)")
     return args
-
-
-def resolve_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 def rank_input(rank: int, count: int, dtype, op: str) -> np.ndarray:
@@ -94,62 +87,147 @@ def rank_input(rank: int, count: int, dtype, op: str) -> np.ndarray:
     return values.astype(dtype)
 
 
-def expected_result(size: int, count: int, dtype, op: str) -> np.ndarray:
-    combine = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}[op]
+def reduction(size: int, count: int, dtype, op: str) -> np.ndarray:
     total = rank_input(0, count, np.int64, op)
     for rank in range(1, size):
-        combine(total, rank_input(rank, count, np.int64, op), out=total)
+        _COMBINE[op](total, rank_input(rank, count, np.int64, op), out=total)
     return total.astype(dtype)
 
 
-def mpi_baseline(comm, dtype, op: str):
-    """In-place ``MPI_Allreduce`` on ``comm`` (bfloat16: a numpy user op, MPI has none)."""
-    mpi_ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+expected_result = reduction  # the allreduce's result (older name)
+
+
+def mpi_reduction(dtype, op: str):
+    """``(datatype, op)`` for the MPI library's reductions (bfloat16: a numpy user op, MPI has none)."""
     datatype = None
     if dtype.name != "bfloat16":
         try:
             datatype = MPI.Datatype.fromcode(dtype.char)
         except (KeyError, ValueError):
             datatype = None
-    if datatype is None:
-        datatype = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
-        combine = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}[op]
+    if datatype is not None:
+        return datatype, {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}[op]
+    datatype = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
+    combine = _COMBINE[op]
 
-        def apply(inbuf, inoutbuf, _datatype):
-            out = np.frombuffer(inoutbuf, dtype=dtype)
-            combine(np.frombuffer(inbuf, dtype=dtype), out, out=out)
+    def apply(inbuf, inoutbuf, _datatype):
+        out = np.frombuffer(inoutbuf, dtype=dtype)
+        combine(np.frombuffer(inbuf, dtype=dtype), out, out=out)
 
-        mpi_op = MPI.Op.Create(apply, commute=True)
-    else:
-        mpi_op = mpi_ops[op]
-
-    def run(buf):
-        comm.Allreduce(MPI.IN_PLACE, [buf, buf.size, datatype], mpi_op)
-
-    return run
+    return datatype, MPI.Op.Create(apply, commute=True)
 
 
-def time_rows(comm, run, buf, pristine, iters: int, warmup: int) -> float:
-    """Median over iterations of the slowest rank's seconds; ``buf`` holds the last result."""
-    times = np.empty(iters)
-    for iteration in range(warmup + iters):
-        np.copyto(buf, pristine)
-        comm.Barrier()
-        start = time.perf_counter()
-        run(buf)
-        elapsed = time.perf_counter() - start
-        if iteration >= warmup:
-            times[iteration - warmup] = elapsed
-    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    return float(np.median(times))
+class Setup:
+    """One size of one collective: buffers, the calls to time, the check."""
+
+    def __init__(self, collective, comm, pg, count, dtype, op, symmetric=False):
+        self.collective, self.dtype, self.op = collective, dtype, op
+        rank, size = comm.Get_rank(), comm.Get_size()
+        self.rank, self.size = rank, size
+        block = max(1, count // size)
+        datatype, mpi_op = mpi_reduction(dtype, op) if collective in REDUCING else (None, None)
+        commlib_op = op.upper()
+        if collective in ("allreduce", "broadcast", "reduce"):
+            self.count = count
+            source = ROOT if collective == "broadcast" else rank
+            self.pristine = rank_input(source, count, dtype, op) if collective != "broadcast" or rank == ROOT \
+                else np.zeros(count, dtype)
+            self.target = np.empty_like(self.pristine)
+            self.inp = None
+            if collective == "allreduce":
+                self.expected = reduction(size, count, dtype, op)
+            elif collective == "broadcast":
+                self.expected = rank_input(ROOT, count, dtype, op)
+            else:
+                self.expected = reduction(size, count, dtype, op) if rank == ROOT else self.pristine.copy()
+        elif collective == "reduce_scatter":
+            self.count = block * size
+            self.inp = rank_input(rank, block * size, dtype, op)
+            self.target = np.empty(block, dtype)
+            self.pristine = np.zeros(block, dtype)
+            self.expected = reduction(size, block * size, dtype, op)[rank * block:(rank + 1) * block]
+        elif collective == "gather":  # only the root's output is checked
+            self.count = block * size
+            self.inp = rank_input(rank, block, dtype, op)
+            self.target = np.empty(block * size if rank == ROOT else 0, dtype)
+            self.pristine = np.zeros_like(self.target)
+            self.expected = (np.concatenate([rank_input(r, block, dtype, op) for r in range(size)])
+                             if rank == ROOT else self.pristine)
+        elif collective == "scatter":
+            self.count = block * size
+            self.inp = (np.concatenate([rank_input(r, block, dtype, op) for r in range(size)])
+                        if rank == ROOT else None)
+            self.target = np.empty(block, dtype)
+            self.pristine = np.zeros(block, dtype)
+            self.expected = rank_input(rank, block, dtype, op)
+        elif collective == "allgather":
+            self.count = block * size
+            self.inp = rank_input(rank, block, dtype, op)
+            self.target = np.empty(block * size, dtype)
+            self.pristine = np.zeros(block * size, dtype)
+            self.expected = np.concatenate([rank_input(r, block, dtype, op) for r in range(size)])
+        else:  # alltoall: rank r's block j holds rank_input(r + size * j)
+            self.count = block * size
+            self.inp = np.concatenate([rank_input(rank + size * j, block, dtype, op) for j in range(size)])
+            self.target = np.empty(block * size, dtype)
+            self.pristine = np.zeros(block * size, dtype)
+            self.expected = np.concatenate([rank_input(i + size * rank, block, dtype, op) for i in range(size)])
+        self.nbytes = self.count * dtype.itemsize
+        target, inp = self.target, self.inp
+        byte_view = [target, MPI.BYTE]
+        if collective == "allreduce":
+            spec = [target, target.size, datatype]
+            self.baseline = lambda: comm.Allreduce(MPI.IN_PLACE, spec, mpi_op)
+            self.ours = lambda name: pg.allreduce(target, commlib_op, algorithm=name)
+            if symmetric:  # the same values in the group's shared memory (collective: every rank allocates)
+                sym = self.symmetric = pg.alloc(target.size, dtype)
+                self.ours_symmetric = lambda name: pg.allreduce(sym, commlib_op, algorithm=name)
+        elif collective == "broadcast":
+            self.baseline = lambda: comm.Bcast(byte_view, root=ROOT)
+            self.ours = lambda name: pg.broadcast(target, ROOT, algorithm=name)
+        elif collective == "reduce":
+            spec = [target, target.size, datatype]
+            if rank == ROOT:
+                self.baseline = lambda: comm.Reduce(MPI.IN_PLACE, spec, mpi_op, root=ROOT)
+            else:
+                self.baseline = lambda: comm.Reduce(spec, None, mpi_op, root=ROOT)
+            self.ours = lambda name: pg.reduce(target, ROOT, commlib_op, algorithm=name)
+        elif collective == "allgather":
+            self.baseline = lambda: comm.Allgather([inp, MPI.BYTE], byte_view)
+            self.ours = lambda name: pg.allgather(target, inp, algorithm=name)
+        elif collective == "gather":
+            root_out = byte_view if rank == ROOT else None
+            self.baseline = lambda: comm.Gather([inp, MPI.BYTE], root_out, root=ROOT)
+            self.ours = lambda name: pg.gather(target if rank == ROOT else None, inp, ROOT, algorithm=name)
+        elif collective == "scatter":
+            root_in = [inp, MPI.BYTE] if rank == ROOT else None
+            self.baseline = lambda: comm.Scatter(root_in, byte_view, root=ROOT)
+            self.ours = lambda name: pg.scatter(target, inp, ROOT, algorithm=name)
+        elif collective == "reduce_scatter":
+            self.baseline = lambda: comm.Reduce_scatter_block([inp, block, datatype], [target, block, datatype], mpi_op)
+            self.ours = lambda name: pg.reduce_scatter(target, inp, commlib_op, algorithm=name)
+        else:
+            self.baseline = lambda: comm.Alltoall([inp, MPI.BYTE], byte_view)
+            self.ours = lambda name: pg.alltoall(target, inp, algorithm=name)
+
+    symmetric = None
+
+    def reset(self) -> None:
+        np.copyto(self.target, self.pristine)
+        if self.symmetric is not None:
+            np.copyto(self.symmetric, self.pristine)
+
+    def wrong(self, symmetric: bool = False) -> int:
+        result = self.symmetric if symmetric else self.target
+        return int(np.count_nonzero(result != self.expected))
 
 
-HEADER = (f"{'size':>10} {'count':>10} {'dtype':>8} {'algorithm':>18} {'time(us)':>10} "
+HEADER = (f"{'size':>10} {'count':>10} {'dtype':>8} {'algorithm':>24} {'time(us)':>10} "
           f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7} {'ratio':>6}")
 
 
 def format_row(row: dict) -> str:
-    return (f"{row['size']:>10} {row['count']:>10} {row['dtype']:>8} {row['algorithm']:>18} "
+    return (f"{row['size']:>10} {row['count']:>10} {row['dtype']:>8} {row['algorithm']:>24} "
             f"{row['time_us']:>10.1f} {row['algbw_gbs']:>11.3f} {row['busbw_gbs']:>11.3f} "
             f"{row['wrong']:>7} {row['ratio']:>6.2f}")
 
@@ -157,52 +235,52 @@ def format_row(row: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import commlib
-    from commlib.ops import ReduceOp
 
     pg = commlib.init(segment_bytes=args.segment_bytes)
     comm = MPI.COMM_WORLD.Dup()  # the baseline's own communicator, outside commlib
     rank, size = comm.Get_rank(), comm.Get_size()
+    collective = args.collective
     dtype = resolve_dtype(args.dtype)
-    algorithms = [name for name in args.algorithms.split(",") if name]
-    known = set(commlib.algorithms()) | {"auto"}
+    known = commlib.algorithms(collective) + ["auto"]
+    algorithms = [name for name in (args.algorithms or ",".join(known)).split(",") if name]
     unknown = [name for name in algorithms if name not in known]
     if unknown:
         if rank == 0:
-            print(f"unknown algorithm(s) {unknown}: expected some of {sorted(known)}", file=sys.stderr)
+            print(f"unknown {collective} algorithm(s) {unknown}: expected some of {sorted(known)}", file=sys.stderr)
         return 2
-    op = ReduceOp[args.op.upper()]
-    baseline = None if args.no_baseline else mpi_baseline(comm, dtype, args.op)
-    bus_factor = 2 * (size - 1) / size if size > 1 else 1.0
+    baseline = BASELINES[collective]
+    factor = bus_factor(collective, size)
     rows = []
     if rank == 0:
-        print(f"# commlib allreduce benchmark: {size} ranks, dtype {dtype.name}, op {args.op}, "
-              f"segment_bytes {pg.segment_bytes}, {args.iters} iterations (+{args.warmup} warm-up), "
+        print(f"# commlib {collective} benchmark: {size} ranks, dtype {dtype.name}"
+              + (f", op {args.op}" if collective in REDUCING else "")
+              + (f", root {ROOT}" if collective in ROOTED else "")
+              + f", segment_bytes {pg.segment_bytes}, {args.iters} iterations (+{args.warmup} warm-up), "
               f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
-        print(f"# time: median over iterations of the slowest rank; ratio: time / {BASELINE}'s")
+        print(f"# time: median over iterations of the slowest rank; busbw = algbw x {factor:.3g}; "
+              f"ratio: time / {baseline}'s")
+        print(f"# ranks per host: {pg.topology.describe()}")
         print(HEADER, flush=True)
     nbytes = args.min_bytes
     while nbytes <= args.max_bytes:
-        count = max(1, nbytes // dtype.itemsize)
-        pristine = rank_input(rank, count, dtype, args.op)
-        expected = expected_result(size, count, dtype, args.op)
-        buf = np.empty_like(pristine)
-        contenders = ([(BASELINE, baseline, buf)] if baseline is not None else []) + [
-            (name, lambda b, name=name: pg.allreduce(b, op, algorithm=name), buf) for name in algorithms]
+        setup = Setup(collective, comm, pg, max(1, nbytes // dtype.itemsize), dtype, args.op, args.symmetric)
+        contenders = {} if args.no_baseline else {baseline: setup.baseline}
+        contenders.update({name: (lambda name=name: setup.ours(name)) for name in algorithms})
         if args.symmetric:
-            symmetric = pg.alloc(count, dtype)
-            contenders += [(f"{name}@sym", lambda b, name=name: pg.allreduce(b, op, algorithm=name), symmetric)
-                           for name in algorithms]
-        baseline_time = None
-        for name, run, buf in contenders:
-            seconds = time_rows(comm, run, buf, pristine, args.iters, args.warmup)
-            wrong = comm.allreduce(int(np.count_nonzero(buf != expected)))
-            if name == BASELINE:
-                baseline_time = seconds
-            algbw = count * dtype.itemsize / seconds / 1e9
-            row = dict(size=count * dtype.itemsize, count=count, dtype=dtype.name, algorithm=name,
-                       time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * bus_factor,
+            contenders.update({f"{name}@sym": (lambda name=name: setup.ours_symmetric(name)) for name in algorithms})
+        timings = time_interleaved(comm, contenders, setup.reset, args.iters, args.warmup)
+        baseline_time = timings.get(baseline)
+        for name, run in contenders.items():
+            setup.reset()  # each contender's result is checked on its own run
+            run()
+            wrong = comm.allreduce(setup.wrong(symmetric=name.endswith("@sym")))
+            seconds = timings[name]
+            algbw = setup.nbytes / seconds / 1e9
+            row = dict(collective=collective, size=setup.nbytes, count=setup.count, dtype=dtype.name,
+                       algorithm=name, time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * factor,
                        wrong=wrong, ratio=seconds / baseline_time if baseline_time else float("nan"),
-                       ranks=size, segment_bytes=pg.segment_bytes)
+                       ranks=size, segment_bytes=pg.segment_bytes,
+                       hosts=[list(ranks) for ranks in pg.topology.host_ranks])
             rows.append(row)
             if rank == 0:
                 print(format_row(row), flush=True)

@@ -4,6 +4,11 @@
 variable                    meaning                                                   default
 ==========================  ========================================================  =========
 ``COMMLIB_ALGO``            force the allreduce algorithm chosen by ``"auto"``        (unset)
+``COMMLIB_ALGO_<NAME>``     force ``<NAME>``'s algorithm chosen by ``"auto"``, for     (unset)
+                            ``BROADCAST``, ``REDUCE``, ``ALLGATHER``,
+                            ``REDUCE_SCATTER``, ``ALLTOALL``, ``ALLTOALLV``,
+                            ``GATHER``, ``SCATTER``, ``BARRIER`` (e.g.
+                            ``COMMLIB_ALGO_ALLGATHER=bruck``)
 ``COMMLIB_DEBUG``           ``1``: exchange a fingerprint before every collective      ``0``
 ``COMMLIB_TIMEOUT``         default group timeout in seconds                          ``300``
 ``COMMLIB_SEGMENT_BYTES``   pipeline segment size of ring/tree/rabenseifner            ``1 MiB``
@@ -19,6 +24,9 @@ variable                    meaning                                             
                             rounds); larger messages go round by round
 ``COMMLIB_SHM_STAGING_BYTES`` each of a rank's two staging halves (``shm_twoshot``     ``16 MiB``
                             rounds, plain buffers are copied there)
+``COMMLIB_COST_MODEL``      a cost model JSON (``python -m commlib.costmodel fit``):    (unset)
+                            ``"auto"`` picks its cheapest prediction for groups that
+                            span hosts
 ==========================  ========================================================  =========
 
 Tests change behaviour through arguments (``commlib.init(debug=True)``, ``segment_bytes=``),
@@ -29,9 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
-__all__ = ["Config", "load_config", "GPU_TRANSPORTS"]
+__all__ = ["Config", "load_config", "GPU_TRANSPORTS", "OVERRIDABLE_COLLECTIVES"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -74,6 +82,9 @@ def _parse_choice(name: str, text: str, choices) -> str:
 
 
 GPU_TRANSPORTS = ("nccl", "host_staged")
+# The collectives with a COMMLIB_ALGO_<NAME> override (allreduce's is COMMLIB_ALGO).
+OVERRIDABLE_COLLECTIVES = ("broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "alltoallv",
+                           "gather", "scatter", "barrier")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +99,18 @@ class Config:
     shm_heap_bytes: int = 8 << 30
     shm_slot_bytes: int = 256 << 10
     shm_staging_bytes: int = 16 << 20
+    cost_model: Optional[str] = None
+    # ((collective, algorithm), ...) from COMMLIB_ALGO_<COLLECTIVE>, sorted; a tuple keeps it frozen.
+    collective_algorithms: Tuple[Tuple[str, str], ...] = ()
+
+    def algorithm_override_for(self, collective: str) -> Optional[str]:
+        """The algorithm ``"auto"`` means for ``collective`` by configuration, or None."""
+        if collective == "allreduce":
+            return self.algorithm_override
+        for name, algorithm in self.collective_algorithms:
+            if name == collective:
+                return algorithm
+        return None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
@@ -112,6 +135,13 @@ class Config:
                                      ("COMMLIB_SHM_STAGING_BYTES", "shm_staging_bytes", 8)):
             if name in environ:
                 values[field] = _parse_int(name, environ[name], minimum)
+        overrides = tuple((collective, environ[f"COMMLIB_ALGO_{collective.upper()}"].strip())
+                          for collective in OVERRIDABLE_COLLECTIVES
+                          if environ.get(f"COMMLIB_ALGO_{collective.upper()}", "").strip())
+        if overrides:
+            values["collective_algorithms"] = overrides
+        if environ.get("COMMLIB_COST_MODEL", "").strip():
+            values["cost_model"] = environ["COMMLIB_COST_MODEL"].strip()
         return cls(**values)
 
 

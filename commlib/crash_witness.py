@@ -16,6 +16,11 @@ either means the process died. The kernel closes a dying process's sockets befor
 even learns of the death, so the witness sees the first death before the cleanup's (measured
 3-5 ms ahead) and writes one line naming that rank to the job's stderr. It exits when every
 rank of its host has gone. ``COMMLIB_CRASH_WITNESS=0`` turns it off.
+
+The witness also answers ranks on other hosts that time out waiting for one of this host's
+ranks (:mod:`commlib.remote_progress`): each rank hands it its groups' progress boards
+(:func:`register_board`), and it tells askers over TCP where those ranks are, even when they are
+stuck or dead. :func:`witness_endpoint` is where it listens (exchanged when a group is made).
 """
 
 from __future__ import annotations
@@ -26,14 +31,18 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["start_witness", "tell_witness", "witness_command"]
+__all__ = ["start_witness", "tell_witness", "witness_command", "witness_endpoint", "register_board",
+           "unregister_board"]
 
 _WITNESS_SCRIPT = Path(__file__).with_name("crash_witness_process.py")
 WITNESS_READY_SECONDS = 30.0  # the witness's start-up on a loaded machine, with margin
 _connection: Optional[socket.socket] = None
+_connection_lock = threading.Lock()
+_endpoint = ""  # "ADDR,ADDR...:PORT" of this host's witness's query listener; "" when none
 _witness_process: Optional[subprocess.Popen] = None  # kept so it is not reaped as garbage
 
 
@@ -68,11 +77,41 @@ def tell_witness(message: bytes) -> None:
     if connection is None:
         return
     try:
-        connection.sendall(message + b"\n")
+        with _connection_lock:
+            connection.sendall(message + b"\n")
     except OSError:
         pass
     if message == b"bye":
         _forget()
+
+
+def witness_endpoint() -> str:
+    """Where this host's witness answers queries from other hosts (``"ADDR,...:PORT"``), or ""."""
+    return _endpoint
+
+
+def register_board(key: str, group_rank: int, slot: int, fd: int) -> None:
+    """Hand this rank's progress board of group ``key`` to the witness (``fd`` is duplicated)."""
+    connection = _connection
+    if connection is None:
+        return
+    try:
+        with _connection_lock:
+            socket.send_fds(connection, [f"board {key} {group_rank} {slot}\n".encode()], [fd])
+    except OSError:
+        pass
+
+
+def unregister_board(key: str) -> None:
+    """This rank's group ``key`` was closed while the process goes on."""
+    connection = _connection
+    if connection is None:
+        return
+    try:
+        with _connection_lock:
+            connection.sendall(f"unboard {key}\n".encode())
+    except OSError:
+        pass
 
 
 def _spawn(ranks_on_host: int, rank: int) -> bytes:
@@ -98,7 +137,7 @@ def _spawn(ranks_on_host: int, rank: int) -> bytes:
 
 
 def _connect(address: bytes, rank: int) -> bool:
-    global _connection
+    global _connection, _endpoint
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(address)
@@ -113,7 +152,9 @@ def _connect(address: bytes, rank: int) -> bool:
             if not chunk:
                 break
             reply += chunk
-        ready = reply == b"ok\n"
+        words = reply.split()
+        ready = reply.endswith(b"\n") and words[:1] == [b"ok"]
+        port = int(words[1]) if ready and len(words) > 1 and words[1].isdigit() else 0
         connection.settimeout(None)
     except OSError:
         ready = False
@@ -124,6 +165,11 @@ def _connect(address: bytes, rank: int) -> bool:
                          f"mpiexec's PID only\n")
         return False
     _connection = connection
+    if port:
+        from .root_address import interface_addresses
+
+        addresses = interface_addresses()
+        _endpoint = f"{','.join(addresses)}:{port}" if addresses else ""
     atexit.register(tell_witness, b"bye")
     # A forked child (a DataLoader worker) would hold the connection open after this rank died,
     # and the witness would see the death late. (Under hydra the child also holds the rank's PMI
@@ -134,7 +180,8 @@ def _connect(address: bytes, rank: int) -> bool:
 
 
 def _forget() -> None:
-    global _connection
+    global _connection, _endpoint
+    _endpoint = ""
     connection, _connection = _connection, None
     if connection is not None:
         try:

@@ -10,6 +10,7 @@ __all__ = [
     "InvalidUsageError",
     "CollectiveMismatchError",
     "GroupAbortedError",
+    "PeerExitedError",
 ]
 
 
@@ -35,3 +36,11 @@ class CollectiveMismatchError(CommError):
 
 class GroupAbortedError(CommError):
     """An earlier error left this group unusable; every later call raises this at once."""
+
+
+class PeerExitedError(CommError):
+    """A peer's process exited before it reached this collective: it can never complete.
+
+    Found from the progress board while waiting (within milliseconds, not at the timeout); the
+    message names the collective, its sequence number and the ranks that exited.
+    """

@@ -27,8 +27,9 @@ def decode(raw: bytes):
     return raw.decode(errors="replace").split(_SEPARATOR)
 
 
-def describe_mismatch(per_rank, collective: str, seq: int) -> str:
-    """per_rank: list of field-value lists, one per rank."""
+def describe_mismatch(per_rank, collective: str, seq: int, hosts=None) -> str:
+    """per_rank: list of field-value lists, one per rank; hosts: each rank's host name, given
+    when the group spans hosts."""
     differences = []
     for index, field in enumerate(FIELDS):
         values = [fields[index] if index < len(fields) else "?" for fields in per_rank]
@@ -39,8 +40,9 @@ def describe_mismatch(per_rank, collective: str, seq: int) -> str:
             shown = " vs ".join(f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}"
                                 for v, r in groups.items())
             differences.append(f"{field} differs ({shown})")
+    where = (lambda rank: f" on host {hosts[rank]}") if hosts else (lambda rank: "")
     summary = " | ".join(
-        f"rank {rank} {fields[1]} {fields[2]}{fields[3]}" for rank, fields in enumerate(per_rank)
+        f"rank {rank}{where(rank)} {fields[1]} {fields[2]}{fields[3]}" for rank, fields in enumerate(per_rank)
         if len(fields) >= 4
     )
     return (f"collective mismatch at {collective} #{seq}: " + "; ".join(differences)
@@ -67,4 +69,6 @@ class FingerprintChecker:
         transport.native_allgather(gathered, padded)
         per_rank = [decode(gathered[r * width:r * width + int(lengths[r])].tobytes()) for r in range(size)]
         if any(fields != per_rank[0] for fields in per_rank):
-            raise CollectiveMismatchError(describe_mismatch(per_rank, collective, seq))
+            topology = self.group.topology
+            hosts = [topology.host_name_of(r) for r in range(size)] if topology.spans_hosts else None
+            raise CollectiveMismatchError(describe_mismatch(per_rank, collective, seq, hosts))

@@ -1,9 +1,12 @@
 """``ProcessGroup``: the collectives of one set of ranks.
 
 A group owns an MPI communicator (dup'ed, so our traffic never mixes with the user's), the MPI
-transport over it, a :class:`CommExecutor` (the ordering and the communication thread), and,
-created on first GPU use, a GPU backend. Each public method validates its arguments in the
-caller's thread, then issues one task that runs the collective against a transport.
+transport over it, a :class:`CommExecutor` (the ordering and the communication thread), a
+point-to-point channel on a communicator of its own (:mod:`.p2p`), and, created on first GPU
+use, a GPU backend. Each collective validates its arguments in the caller's thread, then issues
+one task that runs the collective against a transport. This file holds allreduce and the
+group's machinery; the other collectives are in :mod:`.collectives`, point-to-point in
+:mod:`.p2p` (both mixed in).
 """
 
 from __future__ import annotations
@@ -16,20 +19,23 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms as _algorithms
-from .auto import (choose_allreduce, choose_shared_memory_allreduce, native_threshold,
-                   shared_memory_inline_bytes)
+from .auto import choose, choose_shared_memory_allreduce, native_threshold, shared_memory_inline_bytes
+from .auto_hosts import choose_across_hosts, native_threshold_across_hosts
+from .collectives import CollectiveMethods
 from .config import Config
 from .errors import InvalidUsageError
 from .executor import CommExecutor
+from .crash_witness import witness_endpoint
 from .group_shared_memory import SharedMemoryMethods
 from .host_memory import open_host_memory
 from .progress_board import ProgressBoard
+from .topology import discover_topology
 from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
+from .p2p import PointToPoint, PointToPointMethods
 from .transports.mpi import MPITransport, raise_timeout
 from .transports.mpi_types import MPI_PREDEFINED
-from .validation import (array_kind, check_buffer, check_no_overlap, check_root, check_same_kind,
-                         check_timeout)
+from .validation import array_kind, check_buffer, check_root, check_timeout
 
 __all__ = ["ProcessGroup"]
 
@@ -41,7 +47,7 @@ _MAX = ReduceOp.MAX
 INLINE_SPINS = 16
 
 
-class ProcessGroup(SharedMemoryMethods):
+class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
     def __init__(self, comm: MPI.Comm, *, timeout: float, config: Config, debug: bool = False,
                  name: str = "world", segment_bytes: Optional[int] = None, device=None,
                  gpu_transport: Optional[str] = None):
@@ -56,7 +62,10 @@ class ProcessGroup(SharedMemoryMethods):
         self.device = device
         self.gpu_transport = gpu_transport or config.gpu_transport
         self.transport = MPITransport(comm)
-        self.progress = ProgressBoard(comm) if self.size > 1 else None
+        # Which ranks share a host: for algorithms (through the transport), auto, and timeouts.
+        self.topology = discover_topology(comm, witness_endpoint())
+        self.transport.topology = self.topology
+        self.progress = ProgressBoard(comm, self.topology) if self.size > 1 else None
         self.transport.progress_board = self.progress
         self._progress_slot = self.progress.mine_slot if self.progress is not None else None
         # This group's shared memory on its host (symmetric buffers; shm_* algorithms when the
@@ -66,6 +75,7 @@ class ProcessGroup(SharedMemoryMethods):
         self._shm = (self.host_memory.transport if self.host_memory is not None
                      and self.host_memory.single_host and self.size > 1 else None)
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
+        self._p2p = PointToPoint(comm, timeout=self.timeout, name=name)
         self._seq = 0
         self._gpu = None
         self._fingerprints = None
@@ -81,6 +91,11 @@ class ProcessGroup(SharedMemoryMethods):
             self._shm_inline_bytes = min(shared_memory_inline_bytes(self.size), self._shm.layout.slot_bytes)
             self._auto_native_bytes = -1
             self._shm.inline_timeout = self.timeout
+        self._cost_model = None
+        if self.topology.spans_hosts:  # across hosts "auto" has its own table, or a fitted model
+            self._cost_model = load_cost_model(config.cost_model)
+            self._auto_native_bytes = native_threshold_across_hosts(
+                self.topology, config.algorithm_override, self._cost_model, _algorithms._REGISTRY)
         if self.debug:
             from .fingerprint import FingerprintChecker
 
@@ -119,87 +134,6 @@ class ProcessGroup(SharedMemoryMethods):
 
         return self._issue("allreduce", run, flat.nbytes, async_op, buf, name,
                            (flat.dtype, buf.shape, op.name, -1, name), kind_of=buf)
-
-    def broadcast(self, buf, root: int = 0, *, async_op: bool = False):
-        flat = check_buffer(buf, "broadcast")
-        root = check_root(root, self.size, "broadcast")
-
-        def run(transport):
-            if self.size > 1:
-                transport.native_broadcast(flat, root)
-
-        return self._issue("broadcast", run, flat.nbytes, async_op, buf, "native",
-                           (flat.dtype, buf.shape, "", root, ""), kind_of=buf)
-
-    def reduce(self, buf, root: int = 0, op=_SUM, *, async_op: bool = False):
-        op = ReduceOp.coerce(op)
-        flat = check_buffer(buf, "reduce")
-        check_op(op, flat.dtype, "reduce")
-        root = check_root(root, self.size, "reduce")
-        size, rank = self.size, self.rank
-        combine = _SUM if op is _AVG else op
-
-        def run(transport):
-            if size > 1:
-                transport.native_reduce(flat, root, combine)
-            if op is _AVG and rank == root:
-                flat[...] /= size
-
-        return self._issue("reduce", run, flat.nbytes, async_op, buf, "native",
-                           (flat.dtype, buf.shape, op.name, root, ""), kind_of=buf)
-
-    def allgather(self, out, inp, *, async_op: bool = False):
-        flat_out = check_buffer(out, "allgather", "out")
-        flat_inp = check_buffer(inp, "allgather", "inp", writable=False)
-        check_same_kind("allgather", out=out, inp=inp)
-        if flat_out.size != self.size * flat_inp.size:
-            raise InvalidUsageError(
-                f"allgather: out has {flat_out.size} elements; expected world size {self.size} x "
-                f"inp.size {flat_inp.size} = {self.size * flat_inp.size}"
-            )
-        check_no_overlap("allgather", flat_out, flat_inp)
-
-        def run(transport):
-            if self.size > 1:
-                transport.native_allgather(flat_out, flat_inp)
-            else:
-                transport.copy(flat_out, flat_inp)
-
-        return self._issue("allgather", run, flat_out.nbytes, async_op, out, "native",
-                           (flat_inp.dtype, inp.shape, "", -1, ""), kind_of=out)
-
-    def reduce_scatter(self, out, inp, op=_SUM, *, async_op: bool = False):
-        op = ReduceOp.coerce(op)
-        flat_out = check_buffer(out, "reduce_scatter", "out")
-        flat_inp = check_buffer(inp, "reduce_scatter", "inp", writable=False)
-        check_same_kind("reduce_scatter", out=out, inp=inp)
-        check_op(op, flat_out.dtype, "reduce_scatter")
-        if flat_inp.size != self.size * flat_out.size:
-            raise InvalidUsageError(
-                f"reduce_scatter: inp has {flat_inp.size} elements; expected world size "
-                f"{self.size} x out.size {flat_out.size} = {self.size * flat_out.size}"
-            )
-        check_no_overlap("reduce_scatter", flat_out, flat_inp)
-        size = self.size
-        combine = _SUM if op is _AVG else op
-
-        def run(transport):
-            if size > 1:
-                transport.native_reduce_scatter(flat_out, flat_inp, combine)
-            else:
-                transport.copy(flat_out, flat_inp)
-            if op is _AVG:
-                flat_out[...] /= size
-
-        return self._issue("reduce_scatter", run, flat_inp.nbytes, async_op, out, "native",
-                           (flat_inp.dtype, inp.shape, op.name, -1, ""), kind_of=out)
-
-    def barrier(self, *, async_op: bool = False):
-        def run(transport):
-            if self.size > 1:
-                transport.native_barrier()
-
-        return self._issue("barrier", run, 0, async_op, None, "native", (None, (), "", -1, ""))
 
     # -- groups --------------------------------------------------------------------------------
     def new_group(self, ranks: Sequence[int], *, timeout: Optional[float] = None) -> Optional["ProcessGroup"]:
@@ -255,6 +189,7 @@ class ProcessGroup(SharedMemoryMethods):
         Local (``MPI_Comm_free`` waits for no peer). Idempotent; runs at exit for open groups.
         """
         self.executor.close()
+        self._p2p.close()
         if self._gpu is not None:
             self._gpu.close()
         if self.host_memory is not None:
@@ -273,22 +208,25 @@ class ProcessGroup(SharedMemoryMethods):
         """How many collectives this group has issued."""
         return self._seq
 
-    def resolve_algorithm(self, algorithm: str, nbytes: int, on_gpu: bool = False, symmetric: bool = False) -> str:
-        """The allreduce algorithm a call with ``algorithm`` and ``nbytes`` runs (resolves "auto");
+    def resolve_algorithm(self, algorithm: str, nbytes: int, on_gpu: bool = False,
+                          collective: str = "allreduce", symmetric: bool = False) -> str:
+        """The algorithm a ``collective`` call with ``algorithm`` and ``nbytes`` runs (resolves "auto");
         ``symmetric``: the buffer lives in this group's shared memory (``alloc``)."""
         if algorithm == "auto":
-            override = self.config.algorithm_override
+            override = self.config.algorithm_override_for(collective)
             if override:
                 return override
-            if on_gpu:  # NCCL's own allreduce beats a Python schedule over NCCL send/recv
+            if on_gpu:  # NCCL's own collectives beat a Python schedule over NCCL send/recv
                 return "native"
-            if self._shm is not None:
+            if collective == "allreduce" and self.topology.spans_hosts:
+                return choose_across_hosts(nbytes, self.topology, _algorithms._REGISTRY, self._cost_model)
+            if collective == "allreduce" and self._shm is not None:
                 shared = choose_shared_memory_allreduce(nbytes, self.size, symmetric)
                 if shared is not None:
                     return shared
-            return choose_allreduce(nbytes, self.size, _algorithms._REGISTRY)
+            return choose(collective, nbytes, self.size, _algorithms._REGISTRIES[collective])
         if algorithm.__class__ is not str:
-            raise InvalidUsageError(f"allreduce: algorithm must be a str, got {algorithm!r}")
+            raise InvalidUsageError(f"{collective}: algorithm must be a str, got {algorithm!r}")
         return algorithm
 
     # -- internals -----------------------------------------------------------------------------
@@ -387,6 +325,15 @@ class ProcessGroup(SharedMemoryMethods):
 
             self._gpu = GpuBackend(self)
         return self._gpu
+
+
+def load_cost_model(path: Optional[str]):
+    """The model ``COMMLIB_COST_MODEL`` names (read once per group that spans hosts), or None."""
+    if not path:
+        return None
+    from .costmodel import CostModel
+
+    return CostModel.load(path)
 
 
 def _split_communicator(comm, color: int, key: int):

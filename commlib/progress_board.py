@@ -18,8 +18,9 @@ killed later leaves nothing behind (:mod:`commlib.shared_memory`).
 
 from __future__ import annotations
 
-import mmap
-from typing import List, Optional
+import os
+import secrets
+from typing import Dict, List
 
 import numpy as np
 from mpi4py import MPI
@@ -29,7 +30,8 @@ from .shared_memory import map_host_files
 __all__ = ["ProgressBoard", "COLLECTIVE_CODES"]
 
 COLLECTIVE_CODES = {"allreduce": 1, "broadcast": 2, "reduce": 3, "allgather": 4,
-                    "reduce_scatter": 5, "barrier": 6, "new_group": 7}
+                    "reduce_scatter": 5, "barrier": 6, "new_group": 7, "alltoall": 8,
+                    "alltoallv": 9, "alltoallv_counts": 10, "gather": 11, "scatter": 12}
 EXITED_CODE = 255  # written at interpreter exit, so peers can tell "exited" from "slow"
 _NAMES = {code: name for name, code in COLLECTIVE_CODES.items()}
 _CODE_BITS = 8
@@ -37,15 +39,32 @@ _SLOT_BYTES = 8
 
 
 class ProgressBoard:
-    def __init__(self, comm: MPI.Comm):
+    def __init__(self, comm: MPI.Comm, topology=None):
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self.topology = topology
+        self.key = ""
+        self._exited = False
+        if topology is not None and topology.spans_hosts:
+            # Names this group to the witnesses of every host (and is what askers must know).
+            self.key = comm.bcast(secrets.token_hex(8) if self.rank == 0 else None, root=0)
         node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        group, node_group = comm.Get_group(), node_comm.Get_group()
         try:
-            node_ranks = comm.Get_group().Translate_ranks(list(range(self.size)), node_comm.Get_group())
-            self._mapping = _map_shared_board(node_comm)
+            node_ranks = group.Translate_ranks(list(range(self.size)), node_group)
+            self._mapping, board_fd = _map_shared_board(node_comm)
         finally:
+            group.Free()
+            node_group.Free()
             node_comm.Free()
+        if board_fd is not None:
+            try:
+                if self.key and self._mapping is not None:
+                    from .crash_witness import register_board
+
+                    register_board(self.key, self.rank, node_ranks[self.rank], board_fd)
+            finally:
+                os.close(board_fd)
         self._slots: List = []
         if self._mapping is not None:
             board = np.frombuffer(self._mapping, dtype=np.int64)
@@ -67,43 +86,115 @@ class ProgressBoard:
         self.mine[0] = (seq << _CODE_BITS) | COLLECTIVE_CODES.get(collective, 0)
 
     def laggards(self, seq: int, collective: str) -> str:
-        """Text naming the peers that have not started collective ``seq`` (or run another one)."""
+        """Text naming the peers that have not started collective ``seq`` (or run another one).
+
+        Peers on this host are read from the board; those on other hosts are asked of their
+        hosts' crash witnesses (bounded: :data:`commlib.remote_progress.QUERY_SECONDS`).
+        """
         behind, different, unknown = [], [], []
+        remote, why_unknown = self._ask_remote_hosts()
+        spans = self.topology is not None and self.topology.spans_hosts
         for peer, slot in enumerate(self._slots):
             if peer == self.rank:
                 continue
-            if slot is None:
+            name = f"rank {peer} on host {self.topology.host_name_of(peer)}" if spans else f"rank {peer}"
+            state = "alive"
+            if slot is not None:
+                value = int(slot[0])
+            elif peer in remote and remote[peer].value >= 0:
+                value, state = remote[peer]
+            elif _witness_gone(why_unknown.get(self.topology.host_of(peer)) if spans else None):
+                behind.append(f"{name} (every rank on its host has ended: its crash witness is gone)")
+                continue
+            else:
                 unknown.append(peer)
                 continue
-            value = int(slot[0])
             peer_seq, peer_code = value >> _CODE_BITS, value & ((1 << _CODE_BITS) - 1)
             peer_name = _NAMES.get(peer_code, "nothing yet")
-            if peer_code == EXITED_CODE:
-                behind.append(f"rank {peer} (its process exited after #{peer_seq})")
+            last = f"last started {peer_name} #{peer_seq}" if peer_seq else "started no collective yet"
+            if state == "died":
+                behind.append(f"{name} (its process died without a clean exit after starting "
+                              f"{peer_name} #{peer_seq})" if peer_seq else f"{name} (its process died)")
+            elif peer_code == EXITED_CODE or state == "bye":
+                behind.append(f"{name} (its process exited after #{peer_seq})")
+            elif state == "abort":
+                behind.append(f"{name} (its process aborted the job; {last})")
             elif peer_seq < seq:
-                last = f"last started {peer_name} #{peer_seq}" if peer_seq else "started no collective yet"
-                behind.append(f"rank {peer} ({last})")
+                behind.append(f"{name} ({last})")
             elif peer_seq == seq and peer_name != collective:
-                different.append(f"rank {peer} (called {peer_name} #{peer_seq} instead)")
+                different.append(f"{name} (called {peer_name} #{peer_seq} instead)")
             elif peer_seq > seq:
-                different.append(f"rank {peer} (already at {peer_name} #{peer_seq})")
+                different.append(f"{name} (already at {peer_name} #{peer_seq})")
         parts = []
         if behind:
             parts.append("never heard from " + ", ".join(behind))
         if different:
             parts.append("out of step: " + ", ".join(different))
         if unknown:
-            parts.append(f"state unknown for off-node rank(s) {', '.join(map(str, unknown))}")
+            parts.append(self._describe_unknown(unknown, why_unknown))
         if not parts:
-            return "every on-node peer entered this collective (one of them may be stuck in it)"
+            where = "peer" if spans else "on-node peer"
+            return f"every {where} entered this collective (one of them may be stuck in it)"
         return "; ".join(parts)
 
+    def exited_before(self, seq: int) -> List[int]:
+        """On-node peers whose process exited before starting collective ``seq`` (it can never
+        complete with them). One that exited after starting it may have done its part."""
+        gone = []
+        for peer, slot in enumerate(self._slots):
+            if slot is None or peer == self.rank:
+                continue
+            value = int(slot[0])
+            if value & ((1 << _CODE_BITS) - 1) == EXITED_CODE and value >> _CODE_BITS < seq:
+                gone.append(peer)
+        return gone
+
+    def _ask_remote_hosts(self):
+        """Board values of the ranks on other hosts, from their witnesses; (states, why-not by host)."""
+        topology = self.topology
+        if topology is None or not topology.spans_hosts:
+            return {}, {}
+        ranks_by_host: Dict[int, List[int]] = {}
+        for peer, slot in enumerate(self._slots):
+            if slot is None and peer != self.rank:
+                ranks_by_host.setdefault(topology.host_of(peer), []).append(peer)
+        if not ranks_by_host:
+            return {}, {}
+        endpoints = dict(enumerate(topology.witness_endpoints))
+        if not self.key or not endpoints:
+            return {}, {host: "no crash witness (COMMLIB_CRASH_WITNESS=0?)" for host in ranks_by_host}
+        from .remote_progress import ask_hosts
+
+        states, failures = ask_hosts(self.key, endpoints, ranks_by_host)
+        for host, ranks in ranks_by_host.items():
+            if host not in failures and any(states.get(r, (-1, ""))[0] < 0 for r in ranks):
+                failures[host] = "its crash witness does not know this group's ranks there"
+        return states, failures
+
+    def _describe_unknown(self, unknown, why_unknown) -> str:
+        topology = self.topology
+        if topology is None or not topology.spans_hosts:
+            return f"state unknown for off-node rank(s) {', '.join(map(str, unknown))}"
+        by_host: Dict[int, List[int]] = {}
+        for peer in unknown:
+            by_host.setdefault(topology.host_of(peer), []).append(peer)
+        return "; ".join(
+            f"state unknown for rank(s) {', '.join(map(str, ranks))} on host {topology.host_names[host]} "
+            f"({why_unknown.get(host, 'no board')})"
+            for host, ranks in by_host.items())
+
     def mark_exited(self) -> None:
+        self._exited = True
         if self.mine is not None:
             self.mine[0] = (int(self.mine[0]) >> _CODE_BITS << _CODE_BITS) | EXITED_CODE
 
     def close(self) -> None:
         """Drop this rank's view of the board (local: never waits for a peer). Idempotent."""
+        if self.key and not self._exited:  # at exit the witness keeps showing "exited"
+            from .crash_witness import unregister_board
+
+            unregister_board(self.key)
+        self.key = ""
         self._slots = []
         self.mine = None
         if self.mine_slot is not None:
@@ -117,12 +208,21 @@ class ProgressBoard:
                 pass
 
 
-def _map_shared_board(node_comm: MPI.Comm) -> Optional[mmap.mmap]:
+def _witness_gone(why) -> bool:
+    """The witness's port refused the connection: it has exited, after the last rank of its host."""
+    return why is not None and "refused" in why.lower()
+
+
+def _map_shared_board(node_comm: MPI.Comm):
     """Collective over ``node_comm``: one 8-byte slot per node rank, in one file of the first rank.
 
-    None on every node rank when any of them could not map it (the board then knows no peer).
+    Returns ``(mapping, fd)``: ``fd`` (the caller closes it) lets the crash witness map the board
+    too. The mapping is None on every node rank when any of them could not map it (the board
+    then knows no peer).
     """
     node_size = node_comm.Get_size()
     files = map_host_files(node_comm, _SLOT_BYTES * node_size if node_comm.Get_rank() == 0 else 0,
-                           kind="board", peers_writable=True)
-    return None if files is None else files.mappings[0]
+                           kind="board", peers_writable=True, keep_fds=True)
+    if files is None:
+        return None, None
+    return files.mappings[0], files.fds[0]

@@ -45,6 +45,7 @@ class HostFiles(NamedTuple):
     pids: List[int]
     hostname: str
     host_rank: int
+    fds: Optional[List[Optional[int]]] = None  # open descriptors of the files, with keep_fds (caller closes)
 
 
 def shared_directory() -> str:
@@ -53,12 +54,13 @@ def shared_directory() -> str:
 
 
 def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str,
-                   peers_writable: bool = False) -> Optional[HostFiles]:
+                   peers_writable: bool = False, keep_fds: bool = False) -> Optional[HostFiles]:
     """Collective over ``host_comm``: each rank's file of ``nbytes`` (none for 0), mapped by all.
 
     This rank's own file is mapped read-write; the others read-only unless ``peers_writable``
     (a read-only mapping turns a stray write into a crash instead of silent corruption of a
     peer's data). Returns None on every rank when any rank failed (each says why on stderr).
+    ``keep_fds``: the descriptors stay open in ``fds`` (to hand a mapping to another process).
     """
     host_rank = host_comm.Get_rank()
     path, error = None, None
@@ -74,6 +76,7 @@ def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str,
             path, error = None, exc
     entries = host_comm.allgather((path, nbytes, os.getpid(), error is not None))
     mappings: List[Optional[mmap.mmap]] = [None] * len(entries)
+    fds: List[Optional[int]] = [None] * len(entries)
     if not any(failed for *_, failed in entries):
         for peer, (peer_path, peer_bytes, _pid, _failed) in enumerate(entries):
             if peer_bytes == 0:
@@ -85,7 +88,10 @@ def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str,
                     mappings[peer] = mmap.mmap(fd, peer_bytes,
                                                access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
                 finally:
-                    os.close(fd)
+                    if keep_fds:
+                        fds[peer] = fd
+                    else:
+                        os.close(fd)
             except OSError as exc:
                 error = exc
                 break
@@ -102,9 +108,12 @@ def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str,
         for mapping in mappings:
             if mapping is not None:
                 mapping.close()
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
         return None
     return HostFiles(mappings, [pid for _path, _bytes, pid, _failed in entries], socket.gethostname(),
-                     host_rank)
+                     host_rank, fds if keep_fds else None)
 
 
 def populate(mapping: mmap.mmap, offset: int, nbytes: int, *, write: bool) -> None:

@@ -5,6 +5,8 @@ which peer at which step, and when partial results are combined. It never import
 cupy. It sees a :class:`Transport`, which offers
 
 * ``rank``, ``size`` and ``xp`` (the array module of the buffers: numpy, or cupy on GPU);
+* ``topology``: which ranks share a host (:class:`commlib.topology.Topology`), set by the
+  group from what it discovered at creation; a transport nobody told is one host;
 * ``post(sends, recvs)``: start every transfer of one step at once and return a
   :class:`Pending` whose ``wait()`` completes them (MPI: Isend/Irecv + Waitall with a deadline;
   NCCL: one ``groupStart/groupEnd`` on the comm stream, ``wait()`` is free because the stream
@@ -12,7 +14,16 @@ cupy. It sees a :class:`Transport`, which offers
 * ``exchange(sends, recvs)``: ``post(...).wait()``;
 * ``reduce(dst, src, op, src_first=False)``: the local element-wise combine;
 * ``scratch(count, dtype, slot)``: a reusable work buffer owned by the transport, so pipelined
-  algorithms need one chunk of extra memory, not a copy of the user's buffer.
+  algorithms need one chunk of extra memory, not a copy of the user's buffer;
+* the library's own collectives, for the ``"native"`` algorithms: ``native_allreduce(buf, op)``,
+  ``native_broadcast(buf, root)``, ``native_reduce(buf, root, op)``, ``native_allgather(out,
+  inp)``, ``native_reduce_scatter(out, inp, op)``, ``native_barrier()`` (every transport
+  implements these), and ``native_gather(out, inp, root)``, ``native_scatter(out, inp, root)``,
+  ``native_alltoall(out, inp)``, ``native_alltoallv(out, inp, out_counts, in_counts)``, whose
+  defaults here post every transfer of the collective in one step (what NCCL recommends for
+  its missing alltoall); a transport whose library has them overrides them (MPI);
+* ``concurrent_posts``: whether two threads may post at once, to disjoint pairs of ranks (MPI:
+  yes, messages match per pair and tag; NCCL: no, every rank must call in one order).
 
 Sends and receives are ``(buffer_slice, peer)`` pairs; slices must be contiguous views of
 1-D arrays. Between ``post`` and ``wait`` an algorithm may do local work (reduce the previous
@@ -27,6 +38,7 @@ import time
 from typing import Sequence, Tuple
 
 from .ops import ReduceOp, reduce_into, reduce_ordered
+from .topology import Topology
 
 __all__ = ["Transport", "Pending", "CompletedPending", "CollectiveContext", "Transfer"]
 
@@ -81,11 +93,25 @@ class Transport(abc.ABC):
     rank: int
     size: int
     xp: object  # the array module
+    concurrent_posts: bool = False
 
     def __init__(self) -> None:
         self.context = CollectiveContext()
         self._scratch = {}
         self.memo = {}  # what an algorithm derives once per transport (views, plans), by its own keys
+        self._topology = None
+
+    @property
+    def topology(self) -> Topology:
+        """Which ranks share a host; one host when nobody said otherwise."""
+        topology = self._topology
+        if topology is None or topology.size != self.size:
+            return Topology.single_host(self.rank, self.size)
+        return topology
+
+    @topology.setter
+    def topology(self, topology: Topology) -> None:
+        self._topology = topology
 
     # -- moving bytes -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -103,6 +129,46 @@ class Transport(abc.ABC):
 
     def sendrecv(self, sendbuf, dst: int, recvbuf, src: int) -> None:
         self.exchange(sends=((sendbuf, dst),), recvs=((recvbuf, src),))
+
+    # -- the library's collectives that not every library has: one step of every transfer ------
+    def native_gather(self, out, inp, root: int) -> None:
+        block = inp.size
+        if block == 0:
+            return
+        if self.rank != root:
+            self.exchange(sends=((inp, root),))
+            return
+        self.copy(out[root * block:(root + 1) * block], inp)
+        self.exchange(recvs=[(out[peer * block:(peer + 1) * block], peer)
+                             for peer in range(self.size) if peer != root])
+
+    def native_scatter(self, out, inp, root: int) -> None:
+        block = out.size
+        if block == 0:
+            return
+        if self.rank != root:
+            self.exchange(recvs=((out, root),))
+            return
+        self.copy(out, inp[root * block:(root + 1) * block])
+        self.exchange(sends=[(inp[peer * block:(peer + 1) * block], peer)
+                             for peer in range(self.size) if peer != root])
+
+    def native_alltoall(self, out, inp) -> None:
+        block = inp.size // self.size
+        counts = (block,) * self.size
+        self.native_alltoallv(out, inp, counts, counts)
+
+    def native_alltoallv(self, out, inp, out_counts, in_counts) -> None:
+        rank = self.rank
+        out_offsets, in_offsets = _prefix_sums(out_counts), _prefix_sums(in_counts)
+        sends = [(inp[in_offsets[peer]:in_offsets[peer + 1]], peer) for peer in range(self.size)
+                 if peer != rank and in_counts[peer]]
+        recvs = [(out[out_offsets[peer]:out_offsets[peer + 1]], peer) for peer in range(self.size)
+                 if peer != rank and out_counts[peer]]
+        pending = self.post(sends, recvs)
+        if in_counts[rank]:
+            self.copy(out[out_offsets[rank]:out_offsets[rank + 1]], inp[in_offsets[rank]:in_offsets[rank + 1]])
+        pending.wait()
 
     # -- local work ---------------------------------------------------------------------------
     def reduce(self, dst, src, op: ReduceOp, src_first: bool = False) -> None:
@@ -134,3 +200,10 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         self.release_scratch()
+
+
+def _prefix_sums(counts):
+    offsets = [0]
+    for count in counts:
+        offsets.append(offsets[-1] + count)
+    return offsets

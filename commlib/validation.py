@@ -14,12 +14,13 @@ import numpy as np
 from .errors import InvalidUsageError
 from .ops import DTYPE_IS_FLOAT, SUPPORTED_DTYPE_NAMES
 
-__all__ = ["array_kind", "check_buffer", "check_root", "check_timeout", "check_no_overlap"]
+__all__ = ["array_kind", "check_buffer", "check_root", "check_timeout", "check_no_overlap", "check_counts",
+           "check_peer", "check_tag"]
 
 
 def array_kind(buf) -> str:
     """``"numpy"`` or ``"cupy"``; anything else is a ``TypeError``."""
-    if isinstance(buf, np.ndarray):
+    if buf.__class__ is np.ndarray or isinstance(buf, np.ndarray):
         return "numpy"
     module = type(buf).__module__
     if module.startswith("cupy"):
@@ -31,7 +32,11 @@ def array_kind(buf) -> str:
 
 
 def check_buffer(buf, collective: str, name: str = "buf", *, writable: bool = True):
-    """Return a flat 1-D view of ``buf`` after checking it can be used in place."""
+    """Return a flat 1-D view of ``buf`` (``buf`` itself if 1-D) after checking it can be used in place."""
+    if buf.__class__ is np.ndarray:  # the common case, in a fraction of the general path's time
+        flags = buf.flags
+        if flags.c_contiguous and (flags.writeable or not writable) and buf.dtype in DTYPE_IS_FLOAT:
+            return buf if buf.ndim == 1 else buf.reshape(-1)
     kind = array_kind(buf)
     flags = buf.flags
     if not flags.c_contiguous:
@@ -50,6 +55,9 @@ def check_buffer(buf, collective: str, name: str = "buf", *, writable: bool = Tr
 
 
 def check_same_kind(collective: str, **buffers) -> None:
+    arrays = list(buffers.values())
+    if all(buf.__class__ is np.ndarray for buf in arrays) and all(buf.dtype == arrays[0].dtype for buf in arrays):
+        return  # numpy arrays of one dtype: the common case
     kinds = {name: array_kind(buf) for name, buf in buffers.items()}
     dtypes = {name: buf.dtype for name, buf in buffers.items()}
     if len(set(kinds.values())) > 1:
@@ -75,6 +83,8 @@ def check_no_overlap(collective: str, out, inp) -> None:
 
 
 def check_root(root, size: int, collective: str) -> int:
+    if root.__class__ is int and 0 <= root < size:
+        return root
     if isinstance(root, bool) or not isinstance(root, numbers.Integral):
         raise InvalidUsageError(f"{collective}: root must be an int rank, got {type(root).__name__}")
     if not 0 <= root < size:
@@ -89,3 +99,47 @@ def check_timeout(timeout, what: str) -> float:
     if not (timeout > 0 and math.isfinite(timeout)):
         raise InvalidUsageError(f"{what}: timeout must be a positive finite number of seconds, got {timeout!r}")
     return timeout
+
+
+def check_counts(counts, size: int, collective: str, name: str, total: int, buffer_name: str) -> tuple:
+    """``size`` non-negative element counts that add up to the ``total`` of ``buffer_name``."""
+    try:
+        values = list(counts)
+    except TypeError:
+        raise InvalidUsageError(f"{collective}: {name} must be a sequence of {size} ints, got {counts!r}") from None
+    if len(values) != size:
+        raise InvalidUsageError(f"{collective}: {name} has {len(values)} entries; expected one per rank "
+                                f"(world size {size})")
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise InvalidUsageError(f"{collective}: {name}[{index}] must be an int, got {value!r}")
+        if value < 0:
+            raise InvalidUsageError(f"{collective}: {name}[{index}] is {value}; expected a count >= 0")
+    values = tuple(int(value) for value in values)
+    if sum(values) != total:
+        raise InvalidUsageError(f"{collective}: {name} add up to {sum(values)} elements; expected "
+                                f"{buffer_name}.size = {total}")
+    return values
+
+
+def check_peer(peer, size: int, rank: int, what: str, *, any_source: int = None) -> int:
+    """Another rank of the group (or ``any_source`` where a receive allows it)."""
+    if isinstance(peer, bool) or not isinstance(peer, numbers.Integral):
+        raise InvalidUsageError(f"{what}: the peer must be an int rank, got {peer!r}")
+    peer = int(peer)
+    if any_source is not None and peer == any_source:
+        return peer
+    if not 0 <= peer < size:
+        raise InvalidUsageError(f"{what}: rank {peer} out of range; expected 0 <= rank < {size}")
+    if peer == rank:
+        raise InvalidUsageError(f"{what}: rank {rank} cannot exchange a message with itself; expected "
+                                f"another rank of the group")
+    return peer
+
+
+def check_tag(tag, limit: int, what: str) -> int:
+    if isinstance(tag, bool) or not isinstance(tag, numbers.Integral):
+        raise InvalidUsageError(f"{what}: tag must be an int, got {tag!r}")
+    if not 0 <= tag < limit:
+        raise InvalidUsageError(f"{what}: tag {tag} out of range; expected 0 <= tag < {limit}")
+    return int(tag)

@@ -1,5 +1,8 @@
 """mpiexec -n 2 python -m ddp.bench --model mlp --caps 1 5 25 100
 
+(With ``--sync ddp powersgd localsgd partial ...``: step time and bytes of PowerSGD and local SGD
+against DDP instead, see :mod:`ddp.bench_sync`.)
+
 Step time (forward + backward + SGD step; the median over ``--steps`` turns after ``--warmup``,
 repeated ``--rounds`` times, of steps taken in turn by every configuration of one bucket cap,
 all alive at once) of one model and per-rank batch, side by side in one run:
@@ -37,12 +40,12 @@ import json
 import os
 import socket
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import commlib
+from commlib.benchtools import step_in_turn
 
 from .distributed import DistributedDataParallel
 
@@ -119,34 +122,32 @@ def memory_and_layout(make_model, x, y, *, stats=False):
 def interleaved_steps(factories, x, y, steps: int, warmup: int, samples, hidden_samples, comm) -> None:
     """Build every model of ``factories``, then step them in turn; append step times (s) to ``samples``.
 
-    Each turn starts on a barrier, so every rank times the same configuration at once; the
-    configuration that goes first rotates from turn to turn.
+    The turns are ``commlib.benchtools.step_in_turn``'s (a barrier before each step, the first
+    configuration rotating); ``hidden_samples`` gets our DDP's hidden fraction of each timed step.
     """
-    models = {key: factory() for key, factory in factories.items()}
-    optimizers = {key: torch.optim.SGD(model.parameters(), lr=1e-6) for key, model in models.items()}
-    keys = list(models)
-    for turn in range(warmup + steps):
-        for offset in range(len(keys)):
-            key = keys[(turn + offset) % len(keys)]
-            model, optimizer = models[key], optimizers[key]
-            comm.Barrier()
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            if key == ("nosync",):
-                with model.no_sync():
-                    F.mse_loss(model(x), y).backward()
-            else:
+    optimizers = {}
+
+    def step(key, model):
+        optimizer = optimizers.get(key)
+        if optimizer is None:
+            optimizer = optimizers[key] = torch.optim.SGD(model.parameters(), lr=1e-6)
+        optimizer.zero_grad()
+        if key == ("nosync",):
+            with model.no_sync():
                 F.mse_loss(model(x), y).backward()
-            optimizer.step()
-            elapsed = time.perf_counter() - start
-            if turn < warmup:
-                continue
-            samples.setdefault(key, []).append(elapsed)
-            if isinstance(model, DistributedDataParallel) and key != ("nosync",):
-                stats = model.last_step_stats()
-                if stats is not None:
-                    hidden_samples.setdefault(key, []).append(stats["hidden_fraction"])
-    del models, optimizers
+        else:
+            F.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+    def record_hidden(key, model):
+        if isinstance(model, DistributedDataParallel) and key != ("nosync",):
+            stats = model.last_step_stats()
+            if stats is not None:
+                hidden_samples.setdefault(key, []).append(stats["hidden_fraction"])
+
+    for key, times in step_in_turn(factories, step, comm.Barrier, steps, warmup, record_hidden).items():
+        samples.setdefault(key, []).extend(times)
+    optimizers.clear()
 
 
 def init_torch_gloo(comm):
@@ -177,6 +178,13 @@ def commlib_torch_group(dist):
 
 
 def main(argv=None) -> None:
+    import sys
+
+    if "--sync" in (sys.argv[1:] if argv is None else argv):
+        # Communication-efficient methods against DDP: a table of its own (ddp/bench_sync.py).
+        from .bench_sync import main as sync_main
+
+        return sync_main(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp", choices=["mlp", "transformer"])

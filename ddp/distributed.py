@@ -11,6 +11,8 @@ import torch
 import commlib
 
 from .bucketing import MiB
+from .ddp_join import DDPJoinHook
+from .join import Join, Joinable
 from .reducer import Reducer
 from .verify import broadcast_tensors, verify_same_parameters
 
@@ -23,7 +25,7 @@ def _check_cap(value, name: str) -> float:
     return float(value)
 
 
-class DistributedDataParallel(torch.nn.Module):
+class DistributedDataParallel(torch.nn.Module, Joinable):
     """Data parallelism over a commlib process group (Li et al., VLDB 2020).
 
     ``model = DistributedDataParallel(net)``: at construction every rank checks that all ranks
@@ -54,6 +56,8 @@ class DistributedDataParallel(torch.nn.Module):
       forward raises instead.
     * A collective that fails on the communication thread: its exception is raised from
       ``backward()`` (or from the next forward if backward did not reach its end).
+    * Uneven inputs: ``with model.join():`` (or ``ddp.Join([model, ...])``) lets ranks that ran
+      out of data shadow the others' collectives (see :mod:`ddp.join`).
     """
 
     def __init__(self, module: torch.nn.Module, process_group=None, *, bucket_cap_mb: float = 25,
@@ -61,6 +65,7 @@ class DistributedDataParallel(torch.nn.Module):
                  broadcast_buffers: bool = True, gradient_as_bucket_view: bool = False,
                  algorithm: str = "auto", tracer=None):
         super().__init__()
+        Joinable.__init__(self)
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"DistributedDataParallel: expected a torch.nn.Module, got {type(module).__name__}")
         cap = _check_cap(bucket_cap_mb, "bucket_cap_mb")
@@ -74,6 +79,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.algorithm = algorithm
         self._require_sync = True
+        self._divide_by_initial_world_size = True
 
         named = list(module.named_parameters())
         devices = {p.device for _, p in named}
@@ -94,8 +100,12 @@ class DistributedDataParallel(torch.nn.Module):
     # -- training ------------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
         self.reducer.check_previous_backward()
+        join = Join.notify_join_context(self, syncs=self._require_sync and torch.is_grad_enabled())
+        if join is not None and not self._divide_by_initial_world_size:
+            self.reducer.set_divisor(join.active_count)
         if self.broadcast_buffers and self._buffers_to_sync:
-            broadcast_tensors(self.process_group, self._buffers_to_sync)
+            broadcast_tensors(self.process_group, self._buffers_to_sync,
+                              root=join.source_rank() if join is not None else 0)
         output = self.module(*inputs, **kwargs)
         if torch.is_grad_enabled():
             self.reducer.prepare(output, sync=self._require_sync)
@@ -112,8 +122,33 @@ class DistributedDataParallel(torch.nn.Module):
             self._require_sync = previous
 
     def register_comm_hook(self, state, hook) -> None:
-        """Reduce each bucket with ``hook(state, bucket) -> work`` (see :mod:`ddp.hooks`)."""
+        """Reduce each bucket with ``hook(state, bucket) -> work`` (see :mod:`ddp.hooks`).
+
+        A ``state`` with an ``on_register(model)`` method is told which model it serves."""
         self.reducer.set_comm_hook(state, hook)
+        on_register = getattr(state, "on_register", None)
+        if callable(on_register):
+            on_register(self)
+
+    # -- uneven inputs (ddp.join) --------------------------------------------------------------
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """``with model.join():`` around the training loop, for ranks with different numbers of batches."""
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, divide_by_initial_world_size: bool = True, **kwargs) -> DDPJoinHook:
+        self._divide_by_initial_world_size = bool(divide_by_initial_world_size)
+        return DDPJoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        first = next(iter(self.module.parameters()), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        return self.process_group
 
     # -- introspection -------------------------------------------------------------------------
     def last_step_stats(self) -> Optional[dict]:

@@ -31,7 +31,7 @@ from commlib import ReduceOp, Work
 
 from .bucketing import BucketPlan, ParamSpec, plan_buckets
 from .hooks import GradBucket, allreduce_hook
-from .stats import StepStats
+from .stats import ByteCounter, StepStats
 from .streams import on_torch_stream
 
 __all__ = ["Reducer", "param_specs"]
@@ -56,7 +56,7 @@ def _wait_for_result(work):
 
 class _Bucket:
     __slots__ = ("index", "plan", "flat", "array", "views", "params", "nbytes", "pending", "work",
-                 "launched_at", "_done_at")
+                 "launched_at", "_done_at", "sent")
 
     def __init__(self, index: int, plan: BucketPlan, params: Sequence[torch.Tensor], group=None):
         first = params[plan.params[0]]
@@ -73,12 +73,14 @@ class _Bucket:
                       for i, offset in zip(plan.params, plan.offsets)]
         self.params = plan.params
         self.nbytes = self.flat.numel() * self.flat.element_size()
+        self.sent = ByteCounter()  # payload the bucket's reduction handed to collectives this step
         self.reset()
 
     def reset(self) -> None:
         self.pending = len(self.params)
         self.work = None
         self.launched_at = self._done_at = None
+        self.sent.reset()
 
     def launched(self, work) -> None:
         self.work = work
@@ -128,6 +130,7 @@ class Reducer:
         self._next_launch = 0
         self._backward_started_at = None
         self._last_stats: Optional[dict] = None
+        self._divisor: Optional[int] = None  # Join(divide_by_initial_world_size=False): ranks still in
         self._handles = autograd_hooks.register_grad_ready_hooks(params, self._on_grad_ready)
 
     # -- buckets -------------------------------------------------------------------------------
@@ -235,18 +238,28 @@ class Reducer:
             bucket = buckets[self._next_launch]
             grad_bucket = GradBucket(bucket.index, bucket.flat, bucket.array,
                                      [self.params[i] for i in bucket.params],
-                                     bucket.index == len(buckets) - 1, self.group, self.algorithm)
+                                     bucket.index == len(buckets) - 1, self.group, self.algorithm,
+                                     gradients=bucket.views, param_indices=bucket.params,
+                                     counter=bucket.sent)
             bucket.launched_at = time.perf_counter()
             with on_torch_stream(bucket.flat.device):
                 if self._sum_then_divide_on_write_back():
                     # The default hook's average, with the division folded into the copy back
                     # to .grad: one pass over the gradients less than SUM-then-divide-then-copy.
+                    bucket.sent.add(bucket.nbytes)
                     work = self.group.allreduce(bucket.array, ReduceOp.SUM, algorithm=self.algorithm,
                                                 async_op=True)
                 else:
                     work = self.comm_hook(self.comm_hook_state, grad_bucket)
             bucket.launched(work)
             self._next_launch += 1  # only once launched: a hook that raised leaves nothing to wait for
+
+    def _default_divisor(self) -> int:
+        return self.group.size if self._divisor is None else self._divisor
+
+    def set_divisor(self, divisor: Optional[int]) -> None:
+        """Average the default hook's sums over ``divisor`` ranks this step (None: the group size)."""
+        self._divisor = divisor
 
     def _sum_then_divide_on_write_back(self) -> bool:
         return (self.comm_hook is allreduce_hook and self.comm_hook_state is None
@@ -314,7 +327,11 @@ class Reducer:
             # may depend on its data.
             globally_used = self._local_used.copy()
             self.group.allreduce(globally_used)
-        divisor = self.group.size if self._sum_then_divide_on_write_back() else None
+        divisor = self._default_divisor() if self._sum_then_divide_on_write_back() else None
+        if divisor is None and self._divisor is not None and self.comm_hook is allreduce_hook:
+            # The default hook averaged over the whole group; Join asked for the ranks still in.
+            for bucket in self.buckets[:self._next_launch]:
+                bucket.flat.mul_(self.group.size / self._divisor)
         for index in self._trainable:
             if globally_used is not None and not globally_used[index]:
                 continue
@@ -373,6 +390,28 @@ class Reducer:
                 f"DDP (rank {self.group.rank}): the previous backward pass did not finish")
         raise RuntimeError(f"DDP: forward called before the previous backward finished reducing "
                            f"gradients: {error}") from error
+
+    # -- Join: a joined rank's part in the others' backward --------------------------------------
+    def shadow_backward(self) -> None:
+        """The collectives of one synchronised backward, with zero gradients, in the same order:
+        every bucket through the same path (the default allreduce or the comm hook, whose state
+        advances as on the other ranks), the used-parameter map, the one-time rebuild's broadcast."""
+        self.check_previous_backward()
+        self._reset_iteration()
+        self._armed = False
+        started = time.perf_counter()
+        for bucket in self.buckets:
+            bucket.flat.zero_()
+            bucket.pending = 0
+        self._launch_ready_buckets()
+        error = self._wait_all_launched()
+        if error is not None:
+            raise error
+        if self.find_unused_parameters:
+            self.group.allreduce(np.zeros(len(self.params), dtype=np.int32))
+        self._last_stats = StepStats.from_buckets(self.buckets, started, started, time.perf_counter())
+        if not self._rebuilt:
+            self._rebuild_in_ready_order()
 
     # -- introspection -------------------------------------------------------------------------
     def last_stats(self) -> Optional[dict]:

@@ -1,9 +1,10 @@
-# mpiexec -n 2 python mpi_examples/train_digits.py [--epochs 10] [--trace trace.json] [--checkpoint ckpt.pt [--resume]]
+# mpiexec -n 2 python mpi_examples/train_digits.py [--sync ddp|powersgd|localsgd|partial] [--epochs 10] [--trace t.json] [--checkpoint c.pt [--resume]]
 """Train a small CNN on scikit-learn's 8x8 handwritten digits with our DDP, data sharded by rank.
 
-Prints accuracy, time per step, allreduce time hidden behind backward. ``--trace`` writes every
-rank's timeline (see ``python -m ddp.timeline``); ``--checkpoint``/``--resume``: a stopped run
-continues exactly as if it had never been interrupted.
+Prints accuracy, time and bytes sent per step, allreduce time hidden behind backward. ``--sync``:
+plain DDP, PowerSGD (``--rank``), local SGD (average every ``--period`` steps) or partial sync (1/period
+of the model each step), after ``--start`` steps of DDP (default one epoch). ``--trace``: every rank's
+timeline (``python -m ddp.timeline``); ``--checkpoint``/``--resume``: a stopped run goes on exactly.
 """
 
 import argparse
@@ -20,14 +21,19 @@ from tqdm import tqdm
 
 import commlib
 from ddp import DistributedDataParallel as DDP
+from ddp.averaging import PartialModelAverager, PeriodicModelAverager, average_parameters
+from ddp.hooks import PostLocalSGDState, PowerSGDState, post_localSGD_hook, powerSGD_hook
+from ddp.optim import PostLocalSGDOptimizer
 from ddp.sampler import DistributedSampler
 from ddp.tracing import NullTracer, Tracer
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag, default in (("--epochs", 10), ("--batch-size", 32), ("--seed", 0)):  # batch size: per rank
-        p.add_argument(flag, type=int, default=default)
+    for flag, default in (("--epochs", 10), ("--batch-size", 32), ("--seed", 0), ("--rank", 2), ("--period", 8)):
+        p.add_argument(flag, type=int, default=default)  # batch size: per rank
+    p.add_argument("--sync", default="ddp", choices=["ddp", "powersgd", "localsgd", "partial"])
+    p.add_argument("--start", type=int, help="steps of plain DDP before --sync takes over (default: one epoch)")
     p.add_argument("--algorithm", default="auto", help=f"allreduce: auto or one of {commlib.algorithms()}")
     p.add_argument("--bucket-cap-mb", type=float, default=0.05, help="small: this small model gets 3 buckets")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of all ranks to this file")
@@ -56,6 +62,20 @@ def accuracy(net, images, labels, pg):
     return float(counts[0] / counts[1])
 
 
+def efficient_sync(args, model, optimizer, start):
+    """The --sync method: a comm hook, and for local SGD an averager run after each optimizer step."""
+    if args.sync == "ddp":
+        return None, optimizer, None
+    if args.sync == "powersgd":
+        hook = PowerSGDState(None, matrix_approximation_rank=args.rank, start_powerSGD_iter=start)
+        model.register_comm_hook(hook, powerSGD_hook)
+        return hook, optimizer, None
+    hook = PostLocalSGDState(None, None, start_localSGD_iter=start, post_local_gradient_allreduce=False)
+    model.register_comm_hook(hook, post_localSGD_hook)
+    averager = (PeriodicModelAverager if args.sync == "localsgd" else PartialModelAverager)(args.period, start)
+    return hook, PostLocalSGDOptimizer(optimizer, averager), averager
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)  # the ranks share the machine's cores
@@ -67,14 +87,18 @@ def main(argv=None):
                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, 10))
     model = DDP(net, bucket_cap_mb=args.bucket_cap_mb, first_bucket_cap_mb=args.bucket_cap_mb / 4,
                 algorithm=args.algorithm, tracer=tracer if args.trace else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    state = torch.load(args.checkpoint) if args.resume else {"epoch": 0, "step": 0}
+    sampler = DistributedSampler(len(y_train), process_group=pg, shuffle=True, seed=args.seed)
+    steps_per_epoch = -(-sampler.num_samples // args.batch_size)
+    hook, optimizer, averager = efficient_sync(args, model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                               steps_per_epoch if args.start is None else args.start)
+    path = args.checkpoint if pg.rank == 0 else f"{args.checkpoint}.rank{pg.rank}"  # local steps: ranks differ
+    state = torch.load(path, weights_only=False) if args.resume else {"epoch": 0, "step": 0, "sent": 0}
     if args.resume:  # the sampler's order depends only on (seed, epoch): nothing else to restore
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-    step = state["step"]
+        hook.load_state_dict(state["hook"]) if hook else None
+    step, sent = state["step"], state["sent"]  # sent: bytes this rank handed to collectives while training
     per_step = []  # (seconds, of them in allreduce, of those hidden behind backward)
-    sampler = DistributedSampler(len(y_train), process_group=pg, shuffle=True, seed=args.seed)
     for epoch in range(state["epoch"], args.epochs):
         sampler.set_epoch(epoch)
         batches = torch.from_numpy(sampler.indices()).split(args.batch_size)
@@ -91,6 +115,7 @@ def main(argv=None):
             with tracer.region("optimizer"):
                 optimizer.step()
             stats = model.last_step_stats()
+            sent += stats["bytes_sent"]
             per_step.append((time.perf_counter() - step_start, stats["comm_s"], stats["hidden_fraction"] * stats["comm_s"]))
             loss_sum, step, seen = loss_sum + loss.detach(), step + 1, seen + len(batch) * pg.size
             bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{seen / (time.perf_counter() - start):.0f}")
@@ -99,16 +124,21 @@ def main(argv=None):
         if pg.rank == 0:
             print(f"epoch {epoch + 1}: train loss {figures[0]:.4f}  test accuracy {100 * figures[1]:.2f}%  "
                   f"{seen / (time.perf_counter() - start):.0f} samples/s", flush=True)
-        if args.checkpoint and pg.rank == 0:  # all ranks hold the same state: one writes, atomically
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "epoch": epoch + 1, "step": step}, args.checkpoint + ".tmp")
-            os.replace(args.checkpoint + ".tmp", args.checkpoint)
+        if args.checkpoint:  # every rank its own (error feedback, local steps), atomically
+            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
+                        "step": step, "sent": sent, "hook": hook.state_dict() if hook else None}, path + ".tmp")
+            os.replace(path + ".tmp", path)
+    if averager is not None:  # local SGD ends on the average of the ranks' models
+        averager.finish()  # a partial averager's averaging in flight
+        average_parameters(model.module.parameters(), pg)
     final_accuracy, per_step = accuracy(model.module, x_test, y_test, pg), np.array(per_step).reshape(-1, 3)
+    sent = (sent + (averager.bytes_sent if averager else 0)) / max(step, 1)
     overlap = per_step[1:, 1:].mean(0) if len(per_step) > 1 else np.zeros(2)  # step 1 pays for warm-up
     pg.allreduce(overlap, commlib.ReduceOp.AVG)
     digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.module.state_dict().values()))
     if pg.rank == 0:
-        print(f"\n{pg.size} ranks, {len(per_step)} steps: test accuracy {100 * final_accuracy:.2f}% ({final_accuracy!r})")
+        print(f"\n{pg.size} ranks, {len(per_step)} steps: test accuracy {100 * final_accuracy:.2f}% ({final_accuracy!r}) "
+              f"with --sync {args.sync}, {sent / 1e3:.1f} kB sent per step")
         print(f"time per step {1e3 * np.median(per_step[:, 0]) if len(per_step) else 0:.2f} ms (median; {per_step[:, 0].sum():.2f} s in all); "
               f"allreduce {1e3 * overlap[0]:.2f} ms per step, {100 * overlap[1] / max(overlap[0], 1e-12):.1f}% of it "
               f"hidden behind backward (mean over ranks)\nparameters sha256 {digest.hexdigest()}")

@@ -29,11 +29,11 @@ def main() -> None:
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'mpi'}", OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
-    print("| mode | runs | cause line present | non-zero exit | median s | example |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| mode | runs | cause line present | non-zero exit | ranks that said why, median (min) | median s | example |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for mode in args.modes.split(","):
         present = failed = 0
-        times, example, misses = [], "", []
+        times, example, misses, reporters = [], "", [], []
         for run in range(args.runs):
             started = time.monotonic()
             result = subprocess.run([mpiexec, "-n", str(args.nprocs), sys.executable,
@@ -43,13 +43,18 @@ def main() -> None:
             output = result.stdout + result.stderr
             match = re.search(CAUSE[mode], output)
             failed += result.returncode != 0
+            # How many ranks got their own line out before the teardown (an aborting rank may
+            # kill a peer that is writing its line at the same moment).
+            reporters.append(len(set(re.findall(r"commlib: rank (\d+)/\d+ on \S+ failed", output))))
             if match:
                 present += 1
                 example = example or output[output.rfind("\n", 0, match.start()) + 1:match.end()]
             else:
                 misses.append(output)
         times.sort()
-        print(f"| {mode} | {args.runs} | {present} | {failed} | {times[len(times) // 2]:.2f} | "
+        reporters.sort()
+        print(f"| {mode} | {args.runs} | {present} | {failed} | {reporters[len(reporters) // 2]} "
+              f"({reporters[0]}) | {times[len(times) // 2]:.2f} | "
               f"`{example[:160]}` |", flush=True)
         for miss in misses[:2]:
             print(f"--- a run of {mode} without the cause line:\n{miss[-3000:]}", file=sys.stderr)

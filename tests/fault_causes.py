@@ -6,7 +6,9 @@ Shared by tests/test_reliability.py and scripts/fault_lines.py (the 50-run count
 CAUSE_LINES = {
     "exception": r"commlib: rank 1/\d+ on \S+ failed with an uncaught exception in the main thread: "
                  r"ValueError: injected failure on rank 1; aborting the MPI job",
-    "exit": r"allreduce #2, .* timed out .*never heard from rank 1 \(its process exited after #1\)",
+    # Seen on the progress board while waiting: the error comes at once, not at the timeout.
+    "exit": r"PeerExitedError: rank \d: allreduce #2, .* cannot complete: rank 1 exited before joining "
+            r"it .*\[never heard from rank 1 \(its process exited after #1\)\]",
     "kill": r"commlib: crash witness: rank 1 \(pid (\d+) on \S+\) ended without a clean exit",
     # Rank 1 agrees to a new group, then exits cleanly, or hangs, instead of creating it: nothing
     # mpiexec notices, so the split's deadline ends the job.

@@ -20,6 +20,7 @@ import pytest
 from mpirun import MPI_SCRIPTS, ROOT
 
 from commlib.cluster import Cluster, ClusterTimeout, unavailable_reason
+from commlib.cluster_netns import command, namespace_exists
 
 
 def make_cluster(hosts: int = 2, rate: Optional[str] = None) -> Cluster:
@@ -32,9 +33,11 @@ def make_cluster(hosts: int = 2, rate: Optional[str] = None) -> Cluster:
 def run_on_cluster(cluster: Cluster, script, nprocs: int, ppn: int, *args, timeout: float = 120.0,
                    env=None, tcp: bool = True, check: bool = True):
     """Run ``python script args`` on ``nprocs`` ranks, ``ppn`` per host; fail the test on a
-    timeout or (with ``check``) a non-zero exit, with the job's output."""
-    script = Path(script)
-    if not script.is_absolute():
+    timeout or (with ``check``) a non-zero exit, with the job's output. ``script`` may also be
+    ``"-m module"``."""
+    module = script[3:] if isinstance(script, str) and script.startswith("-m ") else None
+    script = Path(script) if module is None else Path(module)
+    if module is None and not script.is_absolute():
         script = MPI_SCRIPTS / script
     environment = {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
@@ -43,7 +46,7 @@ def run_on_cluster(cluster: Cluster, script, nprocs: int, ppn: int, *args, timeo
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     environment.update(env or {})
-    argv = [sys.executable, str(script), *map(str, args)]
+    argv = [sys.executable, *(["-m", module] if module else [str(script)]), *map(str, args)]
     what = (f"on cluster {cluster.name} ({nprocs} ranks, {ppn} per host, {'tcp' if tcp else 'default'} "
             f"netmod): {script.name} {shlex.join(map(str, args))}")
     try:
@@ -53,3 +56,14 @@ def run_on_cluster(cluster: Cluster, script, nprocs: int, ppn: int, *args, timeo
     if check and result.returncode != 0:
         pytest.fail(f"{what} exited with {result.returncode}\n--- output ---\n{result.stdout[-8000:]}")
     return result
+
+
+def processes_on_hosts(cluster: Cluster):
+    """``{hostname: [pids]}`` of what still runs on the cluster's hosts (after a job: nothing)."""
+    found = {}
+    for host in cluster.hostnames:
+        if namespace_exists(host):
+            pids = command(["ip", "netns", "pids", host], f"processes on {host}", check=False).stdout.split()
+            if pids:
+                found[host] = pids
+    return found

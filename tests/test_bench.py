@@ -1,7 +1,7 @@
 """``python -m commlib.bench`` at P=2 on tiny sizes: the table parses and nothing is wrong.
 
-Not a timing test: it checks the benchmark runs every algorithm plus the MPI baseline, reports
-#wrong == 0 per row, and writes the same rows as JSON.
+Not a timing test: it checks the benchmark runs every algorithm of each collective plus the MPI
+baseline, reports #wrong == 0 per row with nccl-tests' bus factor, and writes the same rows as JSON.
 """
 
 import json
@@ -12,7 +12,7 @@ import pytest
 
 from mpirun import ROOT, mpiexec_path
 
-ALGORITHMS = ["native", "ring", "tree", "recursive_doubling", "rabenseifner", "auto"]
+ALGORITHMS = ["hierarchical", "native", "rabenseifner", "recursive_doubling", "ring", "tree", "auto"]  # the registry's order
 
 
 def parse_table(output: str):
@@ -46,6 +46,7 @@ def test_bench_table_parses_and_nothing_is_wrong(tmp_path, dtype):
         assert row["count"] == row["size"] // itemsize and row["dtype"] == dtype
         assert row["time_us"] > 0 and row["busbw"] == pytest.approx(row["algbw"], abs=2e-3)  # P=2
     assert "out of bounds values: 0 OK" in result.stdout
+    assert "# ranks per host: 1 host: " in result.stdout and " [0,1]" in result.stdout
     assert [(r["size"], r["algorithm"], r["wrong"]) for r in json.loads(json_path.read_text())] == \
         [(r["size"], r["algorithm"], r["wrong"]) for r in rows]
 
@@ -61,6 +62,31 @@ def test_bench_times_the_shared_memory_algorithms_on_symmetric_buffers_too():
     assert [(row["size"], row["algorithm"]) for row in rows] == [(size, name) for size in (8, 512, 32768)
                                                                   for name in names], result.stdout
     assert all(row["wrong"] == 0 for row in rows), result.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective,factor", [("broadcast", 1.0), ("reduce", 1.0), ("allgather", 0.5),
+                                               ("reduce_scatter", 0.5), ("alltoall", 0.5)])
+def test_bench_of_every_collective_checks_its_results(tmp_path, collective, factor):
+    """Every algorithm of the collective plus auto, after the MPI library's own; busbw by nccl-tests' factor (P=2)."""
+    import commlib
+
+    json_path = tmp_path / "rows.json"
+    command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "commlib.bench", "--collective", collective,
+               "-b", "8", "-e", "64K", "-f", "32", "-n", "3", "-w", "1", "-s", "64", "-d", "int32",
+               "--json", str(json_path)]
+    result = subprocess.run(command, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = parse_table(result.stdout)
+    baseline = {"broadcast": "MPI_Bcast", "reduce": "MPI_Reduce", "allgather": "MPI_Allgather",
+                "reduce_scatter": "MPI_Reduce_scatter_block", "alltoall": "MPI_Alltoall"}[collective]
+    names = [baseline] + commlib.algorithms(collective) + ["auto"]
+    assert [(row["size"], row["algorithm"]) for row in rows] == [(size, name) for size in (8, 256, 8192)
+                                                                  for name in names], result.stdout
+    for row in rows:
+        assert row["wrong"] == 0 and row["time_us"] > 0, row
+        assert row["busbw"] == pytest.approx(row["algbw"] * factor, abs=2e-3), row
+    assert all(row["collective"] == collective for row in json.loads(json_path.read_text()))
 
 
 def test_bench_rejects_bad_arguments():

@@ -16,9 +16,9 @@ from commlib.validation import check_buffer, check_no_overlap, check_root, check
 def test_config_reads_every_variable():
     config = Config.from_env({"COMMLIB_ALGO": "ring", "COMMLIB_DEBUG": "yes", "COMMLIB_TIMEOUT": "7.5",
                               "COMMLIB_SEGMENT_BYTES": "4096", "COMMLIB_GPU_TRANSPORT": "host_staged",
-                              "COMMLIB_CRASH_WITNESS": "0"})
+                              "COMMLIB_CRASH_WITNESS": "0", "COMMLIB_COST_MODEL": " model.json "})
     assert config == Config(algorithm_override="ring", debug=True, timeout=7.5, segment_bytes=4096,
-                            gpu_transport="host_staged", crash_witness=False)
+                            gpu_transport="host_staged", crash_witness=False, cost_model="model.json")
     assert Config.from_env({}) == Config()
     assert Config.from_env({"COMMLIB_SHM": "0", "COMMLIB_SHM_HEAP_BYTES": "4096", "COMMLIB_SHM_SLOT_BYTES": "64",
                             "COMMLIB_SHM_STAGING_BYTES": "128"}) == Config(shm=False, shm_heap_bytes=4096,
@@ -31,6 +31,35 @@ def test_config_reads_every_variable():
         Config.from_env({"COMMLIB_DEBUG": "maybe"})
     with pytest.raises(Exception):
         Config().debug = True  # frozen
+
+
+def test_config_reads_an_algorithm_override_per_collective():
+    config = Config.from_env({"COMMLIB_ALGO": "ring", "COMMLIB_ALGO_ALLGATHER": " bruck ",
+                              "COMMLIB_ALGO_BARRIER": "native", "COMMLIB_ALGO_REDUCE": ""})
+    assert config.algorithm_override_for("allreduce") == "ring"
+    assert config.algorithm_override_for("allgather") == "bruck"
+    assert config.algorithm_override_for("barrier") == "native"
+    assert config.algorithm_override_for("reduce") is None  # empty means unset
+    assert config.algorithm_override_for("broadcast") is None
+    assert Config.from_env({}).collective_algorithms == ()
+
+
+def test_auto_tables_cover_every_collective_and_name_registered_algorithms():
+    from commlib.algorithms import COLLECTIVES, algorithm_names
+    from commlib.auto import _TABLES, choose
+
+    assert set(_TABLES) == set(COLLECTIVES)
+    for collective, table in _TABLES.items():
+        for world_class, rows in table.items():
+            assert rows[-1][0] == float("inf"), (collective, world_class)  # every size is covered
+            for _, name in rows:
+                assert name in algorithm_names(collective), (collective, world_class, name)
+    for collective in COLLECTIVES:
+        for size in (1, 2, 3, 4, 8):
+            for nbytes in (0, 8, 1 << 20, 1 << 30):
+                assert choose(collective, nbytes, size, algorithm_names(collective)) in algorithm_names(collective)
+    assert choose("alltoallv", 8, 4, algorithm_names("alltoallv")) == choose("alltoallv", 1 << 30, 4,
+                                                                          algorithm_names("alltoallv"))
 
 
 def test_validation_messages_say_what_was_expected():
@@ -84,6 +113,10 @@ def test_registry_rejects_bad_names_and_clashes():
         register_algorithm("native", lambda *a, **k: None)
     with pytest.raises(InvalidUsageError, match="unknown allreduce algorithm 'nope'"):
         get_algorithm("nope")
+    with pytest.raises(InvalidUsageError, match="unknown gather algorithm 'ring': expected one of auto, binomial, native"):
+        get_algorithm("ring", "gather")
+    with pytest.raises(InvalidUsageError, match="already registered"):
+        register_algorithm("binomial", lambda *a, **k: None, collective="broadcast")
     assert "native" in commlib.algorithms()
 
 

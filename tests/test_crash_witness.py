@@ -35,7 +35,8 @@ class Witness:
         connection.connect(self.address)
         connection.sendall(f"hello {rank} {pid or 1000 + rank} testhost\n".encode())
         connection.settimeout(10)
-        assert connection.recv(3) == b"ok\n", "the witness answers once it watches the connection"
+        reply = connection.recv(16)
+        assert reply.startswith(b"ok ") and reply.endswith(b"\n"), "the witness answers once it watches the connection"
         connection.settimeout(None)
         return connection
 
@@ -129,3 +130,51 @@ def test_exits_when_its_parent_has_gone_and_no_rank_ever_connected():
             return
         time.sleep(0.2)
     pytest.fail(f"the orphaned witness is still running: pids {found}")
+
+
+def test_answers_other_hosts_where_its_ranks_are_even_after_they_died():
+    """The board protocol: ranks hand the witness their progress board; askers get each rank's
+    slot and process state over TCP (what a rank on another host reads after a timeout)."""
+    import mmap
+    import tempfile
+
+    from commlib.progress_board import ProgressBoard
+    from commlib.remote_progress import ask_hosts
+
+    witness = Witness(2)
+    connections, ports = [], []
+    for rank in range(2):
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(witness.address)
+        connection.sendall(f"hello {rank} {1000 + rank} testhost\n".encode())
+        connection.settimeout(10)
+        reply = connection.recv(16).split()
+        assert reply[0] == b"ok" and int(reply[1]) > 0
+        ports.append(int(reply[1]))
+        connections.append(connection)
+    assert ports[0] == ports[1]
+    with tempfile.TemporaryFile() as board_file:
+        board_file.truncate(16)
+        board = mmap.mmap(board_file.fileno(), 16)
+        board[0:8] = ProgressBoard.encode(4, "allreduce").to_bytes(8, "little", signed=True)
+        board[8:16] = ProgressBoard.encode(3, "broadcast").to_bytes(8, "little", signed=True)
+        for rank, connection in enumerate(connections):  # group ranks 5 and 6 sit in slots 0 and 1
+            socket.send_fds(connection, [f"board k1 {5 + rank} {rank}\n".encode()], [board_file.fileno()])
+        time.sleep(0.3)
+        endpoint = {0: f"127.0.0.1:{ports[0]}"}
+        states, failures = ask_hosts("k1", endpoint, {0: [5, 6, 7]})
+        assert failures == {} and states[5] == (ProgressBoard.encode(4, "allreduce"), "alive")
+        assert states[6] == (ProgressBoard.encode(3, "broadcast"), "alive") and states[7] == (-1, "unknown")
+        connections[1].close()  # rank 6's process died: the witness still shows where it was
+        board[0:8] = ProgressBoard.encode(5, "allreduce").to_bytes(8, "little", signed=True)
+        time.sleep(0.3)
+        states, _ = ask_hosts("k1", endpoint, {0: [5, 6]})
+        assert states[5] == (ProgressBoard.encode(5, "allreduce"), "alive")
+        assert states[6] == (ProgressBoard.encode(3, "broadcast"), "died")
+        states, _ = ask_hosts("another-group", endpoint, {0: [5]})
+        assert states[5] == (-1, "unknown")
+        board.close()
+    _say(connections[0], b"bye")
+    assert "rank 1 (pid 1001 on testhost) ended without a clean exit" in witness.finish()
+    _, failures = ask_hosts("k1", {0: f"127.0.0.1:{ports[0]}"}, {0: [5]})  # gone with its ranks
+    assert "refused" in failures[0].lower(), failures

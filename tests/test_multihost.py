@@ -6,6 +6,7 @@ TCP between). Host names do not resolve (as on many clusters), so this also cove
 allocated at finalize made every rank exit 15.
 """
 
+import json
 import re
 
 import pytest
@@ -60,7 +61,9 @@ def test_a_rank_exiting_on_the_other_host_ends_the_job_with_an_error(cluster):
     output = result.stdout
     assert result.returncode != 0, output
     assert "collective #2 returned" not in output, output
-    assert re.search(r"rank 0: allreduce #2, native, .* timed out after 2 s .*off-node rank\(s\) 1", output), output
+    # Rank 1 was its host's only rank: its host's crash witness has exited with it.
+    assert re.search(rf"rank 0: allreduce #2, native, .* timed out after 2 s .*never heard from rank 1 on host "
+                     rf"{cluster.hostnames[1]} \(every rank on its host has ended", output), output
 
 
 def test_collectives(cluster, layout):
@@ -69,6 +72,19 @@ def test_collectives(cluster, layout):
 
 def test_algorithms(cluster, layout):
     run_on_cluster(cluster, "algorithms_check.py", *layout, "16", timeout=120)
+
+
+# (ranks, ranks per host) -> the hosts' ranks hydra makes: in blocks of ppn, round-robin with -ppn 1.
+TOPOLOGIES = {(4, 2): "0,1/2,3", (2, 1): "0/1", (3, 2): "0,1/2", (5, 3): "0,1,2/3,4"}
+
+
+@pytest.mark.parametrize("placement", sorted(TOPOLOGIES), ids=lambda p: f"{p[0]}ranks-ppn{p[1]}")
+def test_topology_and_hierarchical_at_even_and_uneven_shapes(cluster, placement):
+    run_on_cluster(cluster, "topology_check.py", *placement, TOPOLOGIES[placement], timeout=120)
+
+
+def test_schedules_at_an_uneven_shape(cluster):
+    run_on_cluster(cluster, "algorithms_check.py", 3, 2, "16", "hierarchical,ring,rabenseifner", timeout=120)
 
 
 def test_ddp_equivalence(cluster, layout):
@@ -81,6 +97,12 @@ def test_torch_ddp_on_the_commlib_backend(cluster, layout):
     run_on_cluster(cluster, "torch_backend_ddp.py", *layout, timeout=180)
 
 
+def test_local_sgd_and_join_on_two_hosts(cluster):
+    # Subgroups follow hosts: post-local SGD's default subgroup, the hierarchical averager's pairs.
+    run_on_cluster(cluster, "local_sgd_exact.py", 4, 2, timeout=180)
+    run_on_cluster(cluster, "join_check.py", 4, 2, timeout=180)
+
+
 def test_train_digits(cluster):
     out = run_on_cluster(cluster, ROOT / "mpi_examples" / "train_digits.py", 2, 1, "--no-progress",
                          timeout=240).stdout
@@ -88,3 +110,23 @@ def test_train_digits(cluster):
     assert accuracy, out
     # Its usual accuracy on one host (97.8%): the same training, the hosts are just farther apart.
     assert float(accuracy.group(1)) > 0.95, out
+
+
+def test_bench_says_which_ranks_share_a_host(cluster):
+    out = run_on_cluster(cluster, "-m commlib.bench", 4, 2, "-b", "8", "-e", "64K", "-f", "64",
+                         "-n", "2", "-w", "1", "-a", "hierarchical,auto", timeout=120).stdout
+    h0, h1 = cluster.hostnames
+    assert f"# ranks per host: 2 hosts: {h0} [0,1], {h1} [2,3]" in out, out
+    assert "out of bounds values: 0 OK" in out, out
+
+
+def test_costmodel_fit_measures_both_link_classes_and_drives_auto(cluster, tmp_path):
+    model = tmp_path / "model.json"
+    run_on_cluster(cluster, "-m commlib.costmodel", 4, 2, "fit", "--out", model,
+                   "--repeats", "3", timeout=180)
+    data = json.loads(model.read_text())
+    assert data["fitted_on"]["hosts"] == 2 and data["fitted_on"]["ranks_per_host"] == [2, 2]
+    assert set(data["samples"]) >= {"intra", "inter", "inter_all_lanes", "reduce", "calls_8B"}
+    assert data["links"]["inter"]["alpha"] > 0 and data["links"]["intra"]["beta"] > 0
+    run_on_cluster(cluster, "topology_check.py", 4, 2, "0,1/2,3", env={"COMMLIB_COST_MODEL": str(model)},
+                   timeout=120)

@@ -19,7 +19,7 @@ from commlib.algorithms.pipeline import PIPELINE_WINDOW
 from commlib.algorithms.tree import tree_links
 from commlib.transports.inprocess import InProcessWorld
 
-ALGORITHMS = ["ring", "tree", "recursive_doubling", "rabenseifner"]
+ALGORITHMS = ["ring", "tree", "recursive_doubling", "rabenseifner", "hierarchical"]
 DTYPES = ["float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bfloat16"]
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PROD]
 WORLD = range(1, 9)

@@ -1,21 +1,52 @@
-"""The allreduce algorithm registry: adding an algorithm is adding a file and a line.
+"""The algorithm registry: adding an algorithm is adding a file and a line.
 
-An allreduce algorithm is a function ``fn(transport, buf, op, *, segment_bytes) -> None`` that
-reduces the flat 1-D array ``buf`` in place across ``transport.size`` ranks with the element-wise
-``op`` (``ReduceOp.AVG`` reaches it only if it says so, see below: the group divides after a
-SUM). It must work for every world size 1..N, any ``buf.size`` (0 and sizes below the world
-size included), and leave the same bytes on every rank. It talks only to the
-:class:`commlib.transport.Transport` it is given.
+Every collective has its own table of algorithms, ``"native"`` (the transport library's own:
+``MPI_Bcast``, ``ncclAllGather``, ...) among them. An algorithm is a function written against the
+:class:`commlib.transport.Transport` it is given, and nothing else (no mpi4py, no cupy: the array
+module is ``transport.xp``). Buffers are flat, C-contiguous 1-D arrays of one dtype; sizes are in
+elements. Every algorithm must work at every world size 1..N and every size (0 and sizes below
+the world size included), and take ``segment_bytes`` (the pipeline knob) as a keyword even if it
+ignores it. The calling convention of each collective:
 
-Two optional attributes of the function: ``requires_shared_memory = True`` (it reads its peers'
-memory, so the group hands it its shared-memory transport, and only on a group within one host)
-and ``folds_average = True`` (it takes ``ReduceOp.AVG`` itself, dividing while the data is in
-cache, instead of the group dividing afterwards).
+``allreduce``: ``fn(transport, buf, op, *, segment_bytes)``
+    Reduce ``buf`` in place across ranks with ``op``; every rank ends with the same bytes.
+``broadcast``: ``fn(transport, buf, root, *, segment_bytes)``
+    In place: ``root``'s ``buf`` is the input and is not written; every other rank's ``buf`` is
+    overwritten with it.
+``reduce``: ``fn(transport, buf, root, op, *, segment_bytes)``
+    ``root``'s ``buf`` becomes the reduction over all ranks' ``buf``. Every other rank's ``buf``
+    is input only and must be left exactly as it was (work in ``transport.scratch``).
+``allgather``: ``fn(transport, out, inp, *, segment_bytes)``
+    ``out.size == size * inp.size``; rank ``r``'s ``inp`` lands in block ``r`` of every rank's
+    ``out`` (rank-major). ``inp`` is read only; ``out`` and ``inp`` do not overlap.
+``reduce_scatter``: ``fn(transport, out, inp, op, *, segment_bytes)``
+    ``inp.size == size * out.size``; rank ``r``'s ``out`` becomes block ``r`` of the reduction of
+    every rank's ``inp``. ``inp`` is read only.
+``alltoall``: ``fn(transport, out, inp, *, segment_bytes)``
+    Equal blocks: ``inp.size == out.size == size * block``; block ``j`` of rank ``i``'s ``inp``
+    lands in block ``i`` of rank ``j``'s ``out``. ``inp`` is read only.
+``alltoallv``: ``fn(transport, out, inp, out_counts, in_counts, *, segment_bytes)``
+    ``in_counts[j]`` elements go to rank ``j``, taken from ``inp`` in rank order (displacements
+    are the prefix sums); ``out_counts[i]`` elements arrive from rank ``i`` into ``out`` in rank
+    order. Counts are tuples of ints that the group has already checked against each other
+    (rank ``i``'s ``in_counts[j]`` equals rank ``j``'s ``out_counts[i]``).
+``gather``: ``fn(transport, out, inp, root, *, segment_bytes)``
+    Like allgather, but only ``root`` gets ``out`` (``size * inp.size``); ``out`` is ``None``
+    on the other ranks.
+``scatter``: ``fn(transport, out, inp, root, *, segment_bytes)``
+    ``root``'s ``inp`` (``size * out.size``) is cut into blocks; rank ``r`` gets block ``r`` in
+    ``out``. ``inp`` is ``None`` on the other ranks.
+``barrier``: ``fn(transport, *, segment_bytes)``
+    Returns on a rank only after every rank has entered.
 
-Register one from anywhere (a research script, a plugin)::
+``ReduceOp.AVG`` never reaches an algorithm (the group runs SUM and divides once) unless the
+function says ``folds_average = True`` (it divides while the data is in cache). An allreduce
+function with ``requires_shared_memory = True`` reads its peers' memory: the group hands it its
+shared-memory transport, and only on a group within one host. Register one
+from anywhere (a research script, a plugin)::
 
     from commlib.algorithms import register_algorithm
-    register_algorithm("my_allreduce", my_allreduce)
+    register_algorithm("my_allgather", my_allgather, collective="allgather")
 """
 
 from __future__ import annotations
@@ -24,61 +55,99 @@ from typing import Callable, Dict, List
 
 from ..errors import InvalidUsageError
 
-__all__ = ["register_algorithm", "get_algorithm", "algorithm_names", "AllreduceFn"]
+__all__ = ["register_algorithm", "get_algorithm", "algorithm_names", "COLLECTIVES", "AlgorithmFn",
+           "AllreduceFn"]
 
-AllreduceFn = Callable[..., None]
-_REGISTRY: Dict[str, AllreduceFn] = {}
+AlgorithmFn = Callable[..., None]
+AllreduceFn = AlgorithmFn
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
+               "alltoallv", "gather", "scatter", "barrier")
+_REGISTRIES: Dict[str, Dict[str, AlgorithmFn]] = {collective: {} for collective in COLLECTIVES}
+_REGISTRY = _REGISTRIES["allreduce"]  # the allreduce table, as before there were others
 RESERVED_NAMES = ("auto",)
 
 
-def register_algorithm(name: str, fn: AllreduceFn, *, replace: bool = False) -> AllreduceFn:
+def _table(collective: str) -> Dict[str, AlgorithmFn]:
+    try:
+        return _REGISTRIES[collective]
+    except (KeyError, TypeError):
+        raise InvalidUsageError(f"unknown collective {collective!r}: expected one of "
+                                f"{', '.join(COLLECTIVES)}") from None
+
+
+def register_algorithm(name: str, fn: AlgorithmFn, collective: str = "allreduce", *,
+                       replace: bool = False) -> AlgorithmFn:
+    table = _table(collective)
     if not isinstance(name, str) or not name.isidentifier():
         raise InvalidUsageError(f"algorithm name {name!r}: expected a Python identifier")
     if name in RESERVED_NAMES:
         raise InvalidUsageError(f"algorithm name {name!r} is reserved")
     if not callable(fn):
         raise InvalidUsageError(f"algorithm {name!r}: expected a callable, got {type(fn).__name__}")
-    if name in _REGISTRY and not replace and _REGISTRY[name] is not fn:
-        raise InvalidUsageError(f"algorithm {name!r} is already registered (pass replace=True)")
-    _REGISTRY[name] = fn
+    if name in table and not replace and table[name] is not fn:
+        raise InvalidUsageError(f"{collective} algorithm {name!r} is already registered (pass replace=True)")
+    table[name] = fn
     return fn
 
 
-def get_algorithm(name: str) -> AllreduceFn:
+def get_algorithm(name: str, collective: str = "allreduce") -> AlgorithmFn:
+    table = _table(collective)
     try:
-        return _REGISTRY[name]
-    except KeyError:
+        return table[name]
+    except (KeyError, TypeError):
         raise InvalidUsageError(
-            f"unknown allreduce algorithm {name!r}: expected one of "
-            f"{', '.join(['auto'] + algorithm_names())}"
+            f"unknown {collective} algorithm {name!r}: expected one of "
+            f"{', '.join(['auto'] + algorithm_names(collective))}"
         ) from None
 
 
-def algorithm_names() -> List[str]:
-    return sorted(_REGISTRY)
+def algorithm_names(collective: str = "allreduce") -> List[str]:
+    return sorted(_table(collective))
+
+
+# (collective, registered name, module, function). Each schedule is written against the
+# transport interface only; "native" hands the call to the transport's library.
+_BUILTINS = (
+    ("allreduce", "ring", "ring", "allreduce_ring"),
+    ("allreduce", "tree", "tree", "allreduce_tree"),
+    ("allreduce", "recursive_doubling", "recursive_doubling", "allreduce_recursive_doubling"),
+    ("allreduce", "rabenseifner", "rabenseifner", "allreduce_rabenseifner"),
+    ("allreduce", "hierarchical", "hierarchical", "allreduce_hierarchical"),
+    # Direct reads of the peers' memory on one host (they need a shared-memory transport).
+    ("allreduce", "shm_oneshot", "shm_oneshot", "allreduce_shm_oneshot"),
+    ("allreduce", "shm_twoshot", "shm_twoshot", "allreduce_shm_twoshot"),
+    ("broadcast", "binomial", "broadcast_binomial", "broadcast_binomial"),
+    ("broadcast", "chain", "broadcast_chain", "broadcast_chain"),
+    ("broadcast", "flat", "broadcast_flat", "broadcast_flat"),
+    ("broadcast", "scatter_allgather", "broadcast_scatter_allgather", "broadcast_scatter_allgather"),
+    ("reduce", "binomial", "reduce_binomial", "reduce_binomial"),
+    ("reduce", "rabenseifner", "reduce_rabenseifner", "reduce_rabenseifner"),
+    ("allgather", "ring", "allgather_ring", "allgather_ring"),
+    ("allgather", "recursive_doubling", "allgather_recursive_doubling", "allgather_recursive_doubling"),
+    ("allgather", "bruck", "allgather_bruck", "allgather_bruck"),
+    ("reduce_scatter", "ring", "reduce_scatter_ring", "reduce_scatter_ring"),
+    ("reduce_scatter", "recursive_halving", "reduce_scatter_recursive_halving",
+     "reduce_scatter_recursive_halving"),
+    ("reduce_scatter", "pairwise", "reduce_scatter_pairwise", "reduce_scatter_pairwise"),
+    ("alltoall", "pairwise", "alltoall_pairwise", "alltoall_pairwise"),
+    ("alltoall", "bruck", "alltoall_bruck", "alltoall_bruck"),
+    ("alltoall", "scattered", "alltoall_scattered", "alltoall_scattered"),
+    ("alltoallv", "pairwise", "alltoall_pairwise", "alltoallv_pairwise"),
+    ("alltoallv", "scattered", "alltoall_scattered", "alltoallv_scattered"),
+    ("gather", "binomial", "gather_binomial", "gather_binomial"),
+    ("scatter", "binomial", "scatter_binomial", "scatter_binomial"),
+    ("barrier", "dissemination", "barrier_dissemination", "barrier_dissemination"),
+)
 
 
 def _register_builtins() -> None:
     from . import native
 
-    register_algorithm("native", native.allreduce_native)
-    # The schedules below are written against the transport interface only.
-    for module_name, fn_name, name in (
-        ("ring", "allreduce_ring", "ring"),
-        ("tree", "allreduce_tree", "tree"),
-        ("recursive_doubling", "allreduce_recursive_doubling", "recursive_doubling"),
-        ("rabenseifner", "allreduce_rabenseifner", "rabenseifner"),
-        # Direct reads of the peers' memory on one host (they need a shared-memory transport).
-        ("shm_oneshot", "allreduce_shm_oneshot", "shm_oneshot"),
-        ("shm_twoshot", "allreduce_shm_twoshot", "shm_twoshot"),
-    ):
-        try:
-            module = __import__(f"{__name__}.{module_name}", fromlist=[fn_name])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{module_name}":
-                raise
-            continue
-        register_algorithm(name, getattr(module, fn_name))
+    for collective in COLLECTIVES:
+        register_algorithm("native", getattr(native, f"{collective}_native"), collective)
+    for collective, name, module_name, fn_name in _BUILTINS:
+        module = __import__(f"{__name__}.{module_name}", fromlist=[fn_name])
+        register_algorithm(name, getattr(module, fn_name), collective)
 
 
 _register_builtins()

@@ -33,10 +33,14 @@ class Stage(NamedTuple):
     combine: Optional[Tuple[object, object, bool]] = None
 
 
-def scratch_slots(transport, segment_elems: int, dtype, window: int = PIPELINE_WINDOW) -> List[object]:
-    """``window + 1`` segment-sized receive slots carved from one transport scratch buffer."""
+def scratch_slots(transport, segment_elems: int, dtype, window: int = PIPELINE_WINDOW,
+                  scratch_slot: int = 0) -> List[object]:
+    """``window + 1`` segment-sized receive slots carved from one transport scratch buffer.
+
+    Schedules that need two independent sets of slots take them from different ``scratch_slot``s.
+    """
     slots = window + 1
-    pool = transport.scratch(slots * segment_elems, dtype)
+    pool = transport.scratch(slots * segment_elems, dtype, slot=scratch_slot)
     return [pool[slot * segment_elems:(slot + 1) * segment_elems] for slot in range(slots)]
 
 

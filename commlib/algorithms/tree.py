@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 
 from ..ops import ReduceOp
+from .forward import drain, forward_segments
 from .partition import segment_count, segment_elements, split_bounds
 from .pipeline import PIPELINE_WINDOW, scratch_slots
 
@@ -45,12 +46,7 @@ def allreduce_tree(transport, buf, op: ReduceOp, *, segment_bytes: int = 1 << 20
     segments = split_bounds(0, buf.size, segment_count(buf.size, segment_elems))
     window = PIPELINE_WINDOW
     _reduce_up(transport, buf, op, segments, parent, children, window)
-    _broadcast_down(transport, buf, segments, parent, children, window)
-
-
-def _drain(pendings, keep: int) -> None:
-    while len(pendings) > keep:
-        pendings.popleft().wait()
+    forward_segments(transport, buf, segments, parent, children, window, "tree broadcast")
 
 
 def _reduce_up(transport, buf, op, segments, parent, children, window) -> None:
@@ -78,27 +74,6 @@ def _reduce_up(transport, buf, op, segments, parent, children, window) -> None:
                 reduce(buf[lo:hi], received, op, False)
         if parent >= 0:
             outgoing.append(post(((buf[lo:hi], parent),), ()))
-            _drain(outgoing, window)
+            drain(outgoing, window)
     step("tree reduce")
-    _drain(outgoing, 0)
-
-
-def _broadcast_down(transport, buf, segments, parent, children, window) -> None:
-    count = len(segments)
-    step, post = transport.step, transport.post
-    incoming = collections.deque()
-    outgoing = collections.deque()
-    posted = 0
-    for index, (lo, hi) in enumerate(segments):
-        step(f"tree broadcast segment {index}")
-        if parent >= 0:
-            while posted < min(count, index + 1 + window):
-                p_lo, p_hi = segments[posted]
-                incoming.append(post((), ((buf[p_lo:p_hi], parent),)))
-                posted += 1
-            incoming.popleft().wait()
-        if children:
-            outgoing.append(post([(buf[lo:hi], child) for child in children], ()))
-            _drain(outgoing, window)
-    step("tree broadcast")
-    _drain(outgoing, 0)
+    drain(outgoing, 0)

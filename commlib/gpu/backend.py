@@ -123,6 +123,7 @@ class GpuBackend:
             self.transport = HostStagedTransport(group.comm, CupyStager(cupy, self.comm_stream))
             # Host-staged MPI timeouts then name the laggard ranks, as the CPU path's do.
             self.transport.host.progress_board = getattr(group, "progress", None)
+        self.transport.topology = group.topology  # hierarchical schedules ask it
         device = self.device
         self.watchdog = Watchdog(f"{group.name}-r{group.rank}", self._on_timeout, after_failing=self._abort,
                                  thread_setup=lambda: cupy.cuda.Device(device).use())

@@ -15,6 +15,10 @@ Usage::
     world = InProcessWorld(4, record=True)
     world.run(lambda transport: allreduce_ring(transport, bufs[transport.rank], ReduceOp.SUM))
     world.records  # [SendRecord(step=..., src=0, dst=1, nbytes=...), ...]
+
+``hosts`` emulates a topology (``transport.topology``): ``InProcessWorld(6, hosts=[3, 2, 1])``
+puts ranks 0-2, 3-4 and 5 on three hosts; ``hosts=[[0, 2, 4], [1, 3, 5]]`` places them
+round-robin. Default: one host.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 
 from ..errors import CommError, CommTimeoutError
 from ..ops import ReduceOp
+from ..topology import Topology
 from ..transport import Pending, Transfer, Transport, format_bytes
 
 __all__ = ["InProcessWorld", "InProcessTransport", "SendRecord"]
@@ -46,10 +51,13 @@ def _raw(buf) -> np.ndarray:
 class InProcessWorld:
     """The shared state of ``size`` thread-ranks: mailboxes, the send log, the first failure."""
 
-    def __init__(self, size: int, *, timeout: float = 10.0, record: bool = False):
+    def __init__(self, size: int, *, timeout: float = 10.0, record: bool = False, hosts=None):
         if size < 1:
             raise ValueError(f"InProcessWorld: size must be >= 1, got {size}")
         self.size = size
+        self.topology = Topology.from_shape(0, hosts if hosts is not None else [size])
+        if self.topology.size != size:
+            raise ValueError(f"InProcessWorld: hosts {hosts} hold {self.topology.size} ranks, not {size}")
         self.timeout = timeout
         self.recording = record
         self.records: List[SendRecord] = []
@@ -175,12 +183,14 @@ class _InProcessPending(Pending):
 
 class InProcessTransport(Transport):
     xp = np
+    concurrent_posts = True
 
     def __init__(self, world: InProcessWorld, rank: int):
         super().__init__()
         self.world = world
         self.rank = rank
         self.size = world.size
+        self.topology = world.topology.for_rank(rank)
 
     def _check_peer(self, peer: int, what: str) -> None:
         if not 0 <= peer < self.size or peer == self.rank:

@@ -8,12 +8,13 @@ messages matched against the wrong one, and the peers time out instead of comput
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import CommTimeoutError
+from ..errors import CommTimeoutError, PeerExitedError
 from ..transport import Pending, Transfer, Transport, format_bytes
 from .mpi_types import mpi_datatype, mpi_op
 from .polling import wait_all
@@ -43,20 +44,25 @@ class _MPIPending(Pending):
         self.recvs = recvs
 
     def wait(self) -> None:
-        ctx = self.transport.context
-        if wait_all(self.requests, ctx.deadline):
+        transport = self.transport
+        if wait_all(self.requests, transport.context.deadline, transport.peer_exited):
             return
-        self.transport.fail_timeout(self.requests, self.sends, self.recvs)
+        transport.fail_timeout(self.requests, self.sends, self.recvs)
 
 
 class MPINativeCollectives:
     """The MPI library's own collectives, nonblocking and waited with the group's deadline."""
 
     def _wait_native(self, request, nbytes: int) -> None:
-        if not wait_all([request], self.context.deadline):
+        if not wait_all([request], self.context.deadline, self.peer_exited):
             raise_timeout(self.rank, self.context,
                           f"the MPI library's {self.context.collective} to complete",
                           self.progress_board)
+
+    def peer_exited(self) -> bool:
+        """Can the current collective never complete because an on-node peer's process exited?"""
+        board = self.progress_board
+        return board is not None and bool(board.exited_before(self.context.seq))
 
     def native_allreduce(self, buf, op) -> None:
         if buf.size == 0:
@@ -99,6 +105,41 @@ class MPINativeCollectives:
 
     def native_barrier(self) -> None:
         self._wait_native(self.comm.Ibarrier(), 0)
+
+    def native_gather(self, out, inp, root: int) -> None:
+        if inp.size == 0:
+            return
+        request = self.comm.Igather(as_bytes(inp), as_bytes(out) if self.rank == root else None, root=root)
+        self._wait_native(request, inp.nbytes)
+
+    def native_scatter(self, out, inp, root: int) -> None:
+        if out.size == 0:
+            return
+        request = self.comm.Iscatter(as_bytes(inp) if self.rank == root else None, as_bytes(out), root=root)
+        self._wait_native(request, out.nbytes)
+
+    def native_alltoall(self, out, inp) -> None:
+        if inp.size == 0:
+            return
+        # mpi4py divides a [buffer, BYTE] spec into one block per rank.
+        self._wait_native(self.comm.Ialltoall(as_bytes(inp), as_bytes(out)), inp.nbytes)
+
+    def native_alltoallv(self, out, inp, out_counts, in_counts) -> None:
+        itemsize = inp.itemsize
+        send_counts = [count * itemsize for count in in_counts]
+        recv_counts = [count * itemsize for count in out_counts]
+        request = self.comm.Ialltoallv(
+            [inp.view(np.uint8), (send_counts, _displacements(send_counts)), MPI.BYTE],
+            [out.view(np.uint8), (recv_counts, _displacements(recv_counts)), MPI.BYTE])
+        self._wait_native(request, inp.nbytes)
+
+
+def _displacements(counts):
+    offsets, total = [], 0
+    for count in counts:
+        offsets.append(total)
+        total += count
+    return offsets
 
 
 class MPITransport(Transport, MPINativeCollectives):
@@ -144,7 +185,16 @@ class MPITransport(Transport, MPINativeCollectives):
 
 
 def raise_timeout(rank: int, ctx, waiting_for: str, board=None) -> None:
+    """Raise ``CommTimeoutError``, or ``PeerExitedError`` when the wait ended because a peer exited."""
     peers = f" [{board.laggards(ctx.seq, ctx.collective)}]" if board is not None else ""
+    gone = board.exited_before(ctx.seq) if board is not None else []
+    if gone:
+        waited = ctx.timeout - max(0.0, ctx.deadline - time.monotonic())
+        raise PeerExitedError(
+            f"rank {rank}: {ctx.describe()} cannot complete: rank{'s' if len(gone) > 1 else ''} "
+            f"{', '.join(map(str, gone))} exited before joining it (seen after {waited:.2g} s "
+            f"waiting for {waiting_for}){peers}"
+        )
     raise CommTimeoutError(
         f"rank {rank}: {ctx.describe()} timed out after {ctx.timeout:g} s waiting for "
         f"{waiting_for}{peers}"

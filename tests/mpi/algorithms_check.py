@@ -1,4 +1,4 @@
-"""mpiexec -n P python tests/mpi/algorithms_check.py [segment_bytes]
+"""mpiexec -n P python tests/mpi/algorithms_check.py [segment_bytes [ALGORITHM,ALGORITHM...]]
 
 Every allreduce schedule (ring, tree, recursive_doubling, rabenseifner) through the public
 ``pg.allreduce(..., algorithm=name)``, with a tiny ``segment_bytes`` so the pipelined paths run:
@@ -15,7 +15,7 @@ import commlib
 from commlib import ReduceOp
 from verdict import DTYPES, OPS, Checker
 
-ALGORITHMS = ["ring", "tree", "recursive_doubling", "rabenseifner"]
+ALGORITHMS = ["ring", "tree", "recursive_doubling", "rabenseifner", "hierarchical"]
 
 
 def rank_values(rank: int, count: int, op: ReduceOp) -> np.ndarray:
@@ -34,11 +34,12 @@ def expected_reduction(size: int, count: int, op: ReduceOp) -> np.ndarray:
 
 def main():
     segment_bytes = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    algorithms = sys.argv[2].split(",") if len(sys.argv) > 2 else ALGORITHMS
     pg = commlib.init(timeout=60, segment_bytes=segment_bytes)
     rank, size = pg.rank, pg.size
     check = Checker()
     counts = sorted({0, 1, max(size - 1, 1), size, 7 * size + 3})
-    for algorithm in ALGORITHMS:
+    for algorithm in algorithms:
         for dtype in DTYPES:
             dtype = np.dtype(dtype)
             is_float = dtype.kind == "f" or dtype.name == "bfloat16"
@@ -61,7 +62,7 @@ def main():
     # Random floats: summation order matters, so equal bytes on every rank is a real property.
     rng = np.random.default_rng(1234 + rank)
     digests, labels = [], []
-    for algorithm in ALGORITHMS:
+    for algorithm in algorithms:
         for dtype in ("float16", "float32", "float64"):
             for op in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.AVG):
                 for count in (size + 1, 501):

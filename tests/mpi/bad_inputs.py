@@ -43,6 +43,34 @@ def cases(size):
     yield ("AVG on integers", InvalidUsageError, "AVG is undefined for integer",
            lambda g, b: g.allreduce(b, ReduceOp.AVG), np.arange(4, dtype=np.int32))
     yield ("not an array", TypeError, "expected a numpy.ndarray", lambda g, b: g.allreduce([1.0, 2.0]), good())
+    # The other collectives, and point-to-point.
+    yield ("unknown broadcast algorithm", InvalidUsageError, "unknown broadcast algorithm 'fastest'",
+           lambda g, b: g.broadcast(b, algorithm="fastest"), good())
+    yield ("algorithm not a str", InvalidUsageError, "allgather: algorithm must be a str",
+           lambda g, b: g.allgather(np.zeros(b.size * size, b.dtype), b, algorithm=3), good())
+    yield ("reduce root negative", InvalidUsageError, "root -1 out of range",
+           lambda g, b: g.reduce(b, root=-1), good())
+    yield ("gather root out of range", InvalidUsageError, f"root {size} out of range",
+           lambda g, b: g.gather(np.zeros(b.size * size, b.dtype), b, root=size), good())
+    yield ("gather without out on the root", InvalidUsageError, "out is None; expected an array on the root",
+           lambda g, b: g.gather(None, b, root=0), good())
+    yield ("gather out size", InvalidUsageError, "expected world size",
+           lambda g, b: g.gather(np.zeros(b.size * size + 1, b.dtype), b, root=0), good())
+    yield ("scatter without inp on the root", InvalidUsageError, "inp is None",
+           lambda g, b: g.scatter(b, None, root=0), good())
+    yield ("scatter inp size", InvalidUsageError, "expected world size",
+           lambda g, b: g.scatter(b[:2], np.zeros(2 * size - 1, b.dtype), root=0), good())
+    yield ("alltoall unequal blocks", InvalidUsageError, f"a multiple of the world size {size}",
+           lambda g, b: g.alltoall(np.zeros(3 * size + 1, b.dtype), np.zeros(3 * size + 1, b.dtype)), good())
+    yield ("alltoallv negative count", InvalidUsageError, "in_counts[1] is -1",
+           lambda g, b: g.alltoallv(b, b.copy(), [12] + [0] * (size - 1), [13, -1] + [0] * (size - 2)), good())
+    yield ("alltoallv counts per rank", InvalidUsageError, "in_counts has 1 entries",
+           lambda g, b: g.alltoallv(b, b.copy(), [12] + [0] * (size - 1), [12]), good())
+    yield ("alltoallv counts total", InvalidUsageError, "out_counts add up to 11 elements; expected out.size = 12",
+           lambda g, b: g.alltoallv(b, b.copy(), [11] + [0] * (size - 1), [12] + [0] * (size - 1)), good())
+    yield ("send tag", InvalidUsageError, "tag -1 out of range", lambda g, b: g.send(b, 1, tag=-1), good())
+    yield ("recv from itself", InvalidUsageError, "rank 0 cannot exchange a message with itself",
+           lambda g, b: g.recv(b, 0), good())
 
 
 def main():

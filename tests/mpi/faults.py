@@ -1,6 +1,7 @@
-"""mpiexec -n P python tests/mpi/faults.py MODE TIMEOUT
+"""mpiexec -n P python tests/mpi/faults.py MODE TIMEOUT [FAULTY]
 
-Fault injection on rank 1 (the others behave). Modes the ranks survive (exit 0 when every check
+Fault injection on rank FAULTY (default 1; below "rank 1"), the others behave. On several hosts
+the messages must also name the faulty rank's host ("rank 2 on host h1"). Modes the ranks survive (exit 0 when every check
 held): ``skip`` (rank 1 skips a collective), ``different`` (rank 1 calls broadcast where the
 others call allreduce), ``mismatch`` (debug mode: rank 1 passes another shape), ``mismatch_op``
 (debug: allreduce vs broadcast), ``thread_order`` (debug: two threads issue two allreduces of
@@ -25,9 +26,13 @@ from commlib import CollectiveMismatchError, CommTimeoutError, GroupAbortedError
 from verdict import Checker
 
 mode, timeout = sys.argv[1], float(sys.argv[2])
+FAULTY = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 # Debug mode for "kill" too: its rank:pid map is how a SIGKILLed rank is named.
 pg = commlib.init(timeout=timeout, debug=mode.startswith("mismatch") or mode in ("kill", "thread_order"))
 rank = pg.rank
+# How the others must name the faulty rank: with its host when the group spans hosts.
+faulty_named = (f"rank {FAULTY} on host {pg.topology.host_name_of(FAULTY)}" if pg.topology.spans_hosts
+                else f"rank {FAULTY}")
 # One write per line (print writes the newline separately: lines of several ranks interleave).
 sys.stdout.write(f"faults: rank {rank} pid {os.getpid()}\n")  # the test: none outlives the job
 sys.stdout.flush()
@@ -36,15 +41,15 @@ pg.allreduce(np.zeros(4))  # collective #1: everyone healthy
 started = time.monotonic()
 
 if mode in ("exception", "exit", "kill"):
-    if rank == 1:
+    if rank == FAULTY:
         time.sleep(0.2)  # the others are already waiting in collective #2
         if mode == "exception":
-            raise ValueError("injected failure on rank 1")
+            raise ValueError(f"injected failure on rank {FAULTY}")
         if mode == "exit":
             sys.exit(3)
         os.kill(os.getpid(), signal.SIGKILL)
     pg.allreduce(np.zeros(1 << 16, np.float32), algorithm="native")
-    print(f"rank {rank}: collective #2 returned although rank 1 died", flush=True)
+    print(f"rank {rank}: collective #2 returned although rank {FAULTY} died", flush=True)
     sys.exit(0)
 
 if mode in ("new_group_exit", "new_group_hang"):
@@ -65,25 +70,26 @@ if mode in ("new_group_exit", "new_group_hang"):
     print(f"rank {rank}: new_group returned although rank 1 died", flush=True)
     sys.exit(0)
 if mode == "skip_uncaught":
-    if rank != 1:
+    if rank != FAULTY:
         pg.allreduce(np.ones(8))
     time.sleep(timeout + 5)  # rank 1 skipped the collective; the abort ends it
     sys.exit(0)
 if mode == "different_uncaught":
-    if rank == 1:
+    if rank == FAULTY:
         pg.broadcast(np.ones(8), 0)
     else:
         pg.allreduce(np.ones(8))
     sys.exit(0)
 
 if mode == "skip":
-    if rank != 1:
+    if rank != FAULTY:
         error = check.raises(CommTimeoutError, lambda: pg.allreduce(np.ones(8)), "skipped allreduce")
         if error is not None:
             elapsed = time.monotonic() - started
             text = str(error)
             check.check(elapsed < timeout + 3, f"timeout surfaced after {elapsed:.2f} s (limit {timeout} + 3)")
-            for needle in ("allreduce #2", f"rank {rank}", "rank 1", "timed out"):
+            for needle in ("allreduce #2", f"rank {rank}", faulty_named, "(last started allreduce #1)",
+                           "timed out"):
                 check.check(needle in text, f"message {text!r} lacks {needle!r}")
             print(f"rank {rank}: surfaced in {elapsed:.2f} s: {text}", flush=True)
         quick = time.monotonic()
@@ -92,25 +98,28 @@ if mode == "skip":
     else:
         time.sleep(timeout + 1)
 elif mode == "different":
-    call = (lambda: pg.broadcast(np.ones(8), 0)) if rank == 1 else (lambda: pg.allreduce(np.ones(8)))
+    call = (lambda: pg.broadcast(np.ones(8), 0)) if rank == FAULTY else (lambda: pg.allreduce(np.ones(8)))
     error = check.raises(CommTimeoutError, call, "allreduce vs broadcast")
     if error is not None:
         check.check(time.monotonic() - started < timeout + 3, "bounded time")
         if pg.size > 2 or rank == 0:
             check.check("out of step" in str(error) or "never heard" in str(error), f"names the peer: {error}")
+        if rank != FAULTY:
+            check.check(f"{faulty_named} (called broadcast #2 instead)" in str(error), f"names it: {error}")
         print(f"rank {rank}: {error}", flush=True)
 elif mode == "mismatch":
-    buf = np.zeros(1000, np.float32) if rank != 1 else np.zeros((10, 100), np.float32)
+    buf = np.zeros(1000, np.float32) if rank != FAULTY else np.zeros((10, 100), np.float32)
     before = buf.copy()
     error = check.raises(CollectiveMismatchError, lambda: pg.allreduce(buf), "shape mismatch")
     if error is not None:
         text = str(error)
-        for needle in ("shape", "(1000,)", "(10, 100)", "rank 1", "allreduce"):
+        for needle in ("shape", "(1000,)", "(10, 100)", f"rank {FAULTY}", "allreduce",
+                       f"{faulty_named} allreduce float32(10, 100)"):
             check.check(needle in text, f"message {text!r} lacks {needle!r}")
         print(f"rank {rank}: {text}", flush=True)
     check.equal(buf, before, "buffer untouched after a mismatch")
 elif mode == "mismatch_op":
-    call = (lambda: pg.broadcast(np.ones(8), 0)) if rank == 1 else (lambda: pg.allreduce(np.ones(8)))
+    call = (lambda: pg.broadcast(np.ones(8), 0)) if rank == FAULTY else (lambda: pg.allreduce(np.ones(8)))
     error = check.raises(CollectiveMismatchError, call, "allreduce vs broadcast in debug mode")
     if error is not None:
         text = str(error)

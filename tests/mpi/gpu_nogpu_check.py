@@ -10,7 +10,7 @@ The parts of commlib.gpu that need no GPU, under real MPI at any world size:
   arrays cannot exist here): every rank raises the same InvalidUsageError naming the ranks, and
   the group's CPU collectives keep working;
 * the host-staged transport with a numpy stager (host "device"): its natives and point-to-point
-  steps, and every registered allreduce algorithm run through it.
+  steps, and every registered algorithm of every collective run through it.
 """
 
 import time
@@ -242,7 +242,58 @@ def check_host_staged(check, comm):
             buf = rank_values(rank, count, np.int32)
             fn(transport, buf, ReduceOp.SUM, segment_bytes=64)
             check.equal(buf, stacked(count, np.int32).sum(0).astype(np.int32), f"{name} via host staging n={count}")
+    check_every_collective_host_staged(check, transport, begin, rank, size)
     transport.close()
+
+
+def check_every_collective_host_staged(check, transport, begin, rank, size):
+    """Every algorithm of every other collective runs unchanged over the host-staged transport."""
+    def each(collective):
+        for name in algorithm_names(collective):
+            begin(collective)
+            yield name, get_algorithm(name, collective)
+
+    block, root = 3, size - 1
+    whole = np.concatenate([rank_values(r, block, np.int32) for r in range(size)])
+    for name, fn in each("broadcast"):
+        buf = rank_values(rank, 7, np.int32)
+        fn(transport, buf, root, segment_bytes=8)
+        check.equal(buf, rank_values(root, 7, np.int32), f"broadcast {name} via host staging")
+    for name, fn in each("reduce"):
+        buf = rank_values(rank, 7, np.int32)
+        fn(transport, buf, root, ReduceOp.SUM, segment_bytes=8)
+        expected = sum(rank_values(r, 7, np.int64) for r in range(size)) if rank == root else rank_values(rank, 7, np.int64)
+        check.equal(buf, expected.astype(np.int32), f"reduce {name} via host staging")
+    for name, fn in each("allgather"):
+        out = np.empty(block * size, np.int32)
+        fn(transport, out, rank_values(rank, block, np.int32), segment_bytes=8)
+        check.equal(out, whole, f"allgather {name} via host staging")
+    for name, fn in each("reduce_scatter"):
+        out = np.empty(block, np.int32)
+        fn(transport, out, np.tile(rank_values(rank, block, np.int32), size), ReduceOp.SUM, segment_bytes=8)
+        check.equal(out, sum(rank_values(r, block, np.int64) for r in range(size)).astype(np.int32),
+                    f"reduce_scatter {name} via host staging")
+    for name, fn in each("alltoall"):
+        out = np.empty(block * size, np.int32)
+        fn(transport, out, np.tile(rank_values(rank, block, np.int32), size), segment_bytes=8)
+        check.equal(out, whole, f"alltoall {name} via host staging")
+    for name, fn in each("alltoallv"):
+        counts = tuple([block] * size)
+        out = np.empty(block * size, np.int32)
+        fn(transport, out, np.tile(rank_values(rank, block, np.int32), size), counts, counts, segment_bytes=8)
+        check.equal(out, whole, f"alltoallv {name} via host staging")
+    for name, fn in each("gather"):
+        out = np.empty(block * size, np.int32) if rank == root else None
+        fn(transport, out, rank_values(rank, block, np.int32), root, segment_bytes=8)
+        if rank == root:
+            check.equal(out, whole, f"gather {name} via host staging")
+    for name, fn in each("scatter"):
+        out = np.empty(block, np.int32)
+        fn(transport, out, whole.copy() if rank == root else None, root, segment_bytes=8)
+        check.equal(out, rank_values(rank, block, np.int32), f"scatter {name} via host staging")
+    for name, fn in each("barrier"):
+        fn(transport, segment_bytes=8)
+        check.check(True, f"barrier {name} via host staging")
 
 
 def main():

@@ -16,30 +16,44 @@ decompress into the bucket when the result is asked for.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 from autograd_bridge.tensors import to_array
 from commlib import ReduceOp
 
-__all__ = ["GradBucket", "HookWork", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
+from ..stats import ByteCounter, MeteredGroup
+
+__all__ = ["GradBucket", "HookWork", "CompletedWork", "allreduce_hook", "fp16_compress_hook",
+           "bf16_compress_hook"]
 
 
 class GradBucket:
-    """What a comm hook sees of one bucket (the names follow torch's ``dist.GradBucket``)."""
+    """What a comm hook sees of one bucket (the names follow torch's ``dist.GradBucket``).
 
-    __slots__ = ("_index", "_buffer", "_array", "_params", "_is_last", "process_group", "algorithm")
+    Beyond torch: ``parameter_indices()`` (positions among the DDP model's trainable parameters,
+    stable across bucket rebuilds and processes, so hook state can be keyed and checkpointed by
+    them) and ``metered(group)`` (a group whose collectives count towards the bucket's
+    ``bytes_sent`` in the step statistics; ``process_group`` is metered already).
+    """
+
+    __slots__ = ("_index", "_buffer", "_array", "_params", "_is_last", "process_group", "algorithm",
+                 "_gradients", "_param_indices", "_counter")
 
     def __init__(self, index: int, buffer: torch.Tensor, array, params: List[torch.Tensor],
-                 is_last: bool, process_group, algorithm: str):
+                 is_last: bool, process_group, algorithm: str, *, gradients=None,
+                 param_indices: Optional[Sequence[int]] = None, counter: Optional[ByteCounter] = None):
         self._index = index
         self._buffer = buffer
         self._array = array
         self._params = params
         self._is_last = is_last
-        self.process_group = process_group
+        self._counter = counter
+        self.process_group = self.metered(process_group)
         self.algorithm = algorithm
+        self._gradients = gradients
+        self._param_indices = None if param_indices is None else tuple(param_indices)
 
     def index(self) -> int:
         return self._index
@@ -55,8 +69,30 @@ class GradBucket:
     def parameters(self) -> List[torch.Tensor]:
         return list(self._params)
 
+    def gradients(self) -> List[torch.Tensor]:
+        """Each parameter's gradient as a view of ``buffer()``, shaped like the parameter."""
+        if self._gradients is None:
+            views, offset = [], 0
+            for param in self._params:
+                views.append(self._buffer[offset:offset + param.numel()].view(param.shape))
+                offset += param.numel()
+            self._gradients = views
+        return list(self._gradients)
+
+    def parameter_indices(self) -> Tuple[int, ...]:
+        """Positions of ``parameters()`` among the model's trainable parameters (default: 0, 1, ...)."""
+        if self._param_indices is None:
+            return tuple(range(len(self._params)))
+        return self._param_indices
+
     def is_last(self) -> bool:
         return self._is_last
+
+    def metered(self, group):
+        """``group``, counting what is sent through it towards this bucket's ``bytes_sent``."""
+        if self._counter is None or group is None or isinstance(group, MeteredGroup):
+            return group
+        return MeteredGroup(group, self._counter)
 
     def __repr__(self) -> str:
         return (f"<GradBucket {self._index}: {self._buffer.numel()} x {self._buffer.dtype}, "
@@ -95,7 +131,7 @@ class HookWork:
 
 
 def _group(state, bucket: GradBucket):
-    return state if state is not None else bucket.process_group
+    return bucket.metered(state) if state is not None else bucket.process_group
 
 
 def allreduce_hook(state, bucket: GradBucket):
@@ -127,3 +163,24 @@ def fp16_compress_hook(state, bucket: GradBucket):
 def bf16_compress_hook(state, bucket: GradBucket):
     """Like ``fp16_compress_hook`` with bfloat16: fp32's range, fewer mantissa bits."""
     return _compress_hook(state, bucket, torch.bfloat16)
+
+
+class CompletedWork:
+    """The handle of a reduction that needed no communication (a local step): done at once."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value):
+        self._value = value
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return True
+
+    def result(self):
+        return self._value
+
+    def is_completed(self) -> bool:
+        return True
+
+    def add_done_callback(self, callback) -> None:
+        callback(self)
