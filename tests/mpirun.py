@@ -33,8 +33,10 @@ def mpiexec_path() -> str:
 
 
 def run_mpi(script, nprocs: int, *args: str, timeout: float = 120.0, env=None,
-            check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``python script args`` on ``nprocs`` ranks; fail the test on timeout or (if check) non-zero exit."""
+            check: bool = True, mpiexec_args=()) -> subprocess.CompletedProcess:
+    """Run ``python script args`` on ``nprocs`` ranks; fail the test on timeout or (if check) non-zero exit.
+
+    ``mpiexec_args``: options for mpiexec itself (e.g. ``-disable-auto-cleanup``)."""
     script = Path(script)
     if not script.is_absolute():
         script = MPI_SCRIPTS / script
@@ -46,7 +48,7 @@ def run_mpi(script, nprocs: int, *args: str, timeout: float = 120.0, env=None,
         "PYTHONDONTWRITEBYTECODE": "1",
     })
     environment.update(env or {})
-    command = [mpiexec_path(), "-n", str(nprocs), sys.executable, str(script), *map(str, args)]
+    command = [mpiexec_path(), *mpiexec_args, "-n", str(nprocs), sys.executable, str(script), *map(str, args)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=environment, cwd=str(ROOT), start_new_session=True)
     try:

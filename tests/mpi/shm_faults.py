@@ -23,6 +23,7 @@ import numpy as np
 
 import commlib
 from commlib import CommError, CommTimeoutError, GroupAbortedError
+from commlib.abort import wait_until_stderr_read
 from verdict import Checker
 
 mode, algorithm, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -51,6 +52,9 @@ if mode == "vanish":
     sys.stdout.write(f"shm_faults: rank {rank} named the lost peer after "
                      f"{time.monotonic() - started:.2f} s: {message}\n")
     sys.stdout.flush()
+    # os._exit right after a write can lose the line: the launcher may stop reading a rank's pipe
+    # once it has seen the process end. Leave only after the launcher has read it.
+    wait_until_stderr_read(time.monotonic() + 5, fd=1)
     os._exit(0)
 
 check = Checker()
