@@ -74,6 +74,8 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
                                             progress_board=self.progress) if config.shm else None
         self._shm = (self.host_memory.transport if self.host_memory is not None
                      and self.host_memory.single_host and self.size > 1 else None)
+        if self.host_memory is not None and self.topology.spans_hosts:
+            self.transport.host_shared_memory = self.host_memory.transport  # hierarchical's phases
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
         self._p2p = PointToPoint(comm, timeout=self.timeout, name=name)
         self._seq = 0
@@ -194,6 +196,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
             self._gpu.close()
         if self.host_memory is not None:
             self._shm = None
+            self.transport.host_shared_memory = None
             self.host_memory.close()
         self.transport.close()
         if self.progress is not None:

@@ -23,7 +23,10 @@ cupy. It sees a :class:`Transport`, which offers
   defaults here post every transfer of the collective in one step (what NCCL recommends for
   its missing alltoall); a transport whose library has them overrides them (MPI);
 * ``concurrent_posts``: whether two threads may post at once, to disjoint pairs of ranks (MPI:
-  yes, messages match per pair and tag; NCCL: no, every rank must call in one order).
+  yes, messages match per pair and tag; NCCL: no, every rank must call in one order);
+* ``host_shared_memory``: None, or a shared-memory transport over this rank's peers on its host
+  when the group spans hosts and has mapped their memory (the hierarchical allreduce runs its
+  intra-host phases there, see :mod:`commlib.host_memory`).
 
 Sends and receives are ``(buffer_slice, peer)`` pairs; slices must be contiguous views of
 1-D arrays. Between ``post`` and ``wait`` an algorithm may do local work (reduce the previous
@@ -94,6 +97,7 @@ class Transport(abc.ABC):
     size: int
     xp: object  # the array module
     concurrent_posts: bool = False
+    host_shared_memory = None
 
     def __init__(self) -> None:
         self.context = CollectiveContext()

@@ -12,7 +12,8 @@ import pytest
 
 from mpirun import ROOT, mpiexec_path
 
-ALGORITHMS = ["hierarchical", "native", "rabenseifner", "recursive_doubling", "ring", "tree", "auto"]  # the registry's order
+ALGORITHMS = ["hierarchical", "native", "rabenseifner", "recursive_doubling", "ring", "shm_oneshot", "shm_twoshot",
+              "tree", "auto"]  # the registry's order
 
 
 def parse_table(output: str):

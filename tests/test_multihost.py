@@ -83,6 +83,14 @@ def test_topology_and_hierarchical_at_even_and_uneven_shapes(cluster, placement)
     run_on_cluster(cluster, "topology_check.py", *placement, TOPOLOGIES[placement], timeout=120)
 
 
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_hierarchical_with_and_without_shared_memory_inside_hosts(cluster, shm):
+    # 2 x 2 with shared memory: reduce-scatter and allgather read the host peer's memory, the
+    # reduced slices cross hosts; without: the rings. Both against the closed forms.
+    run_on_cluster(cluster, "topology_check.py", 4, 2, TOPOLOGIES[(4, 2)], env={"COMMLIB_SHM": shm}, timeout=120)
+    run_on_cluster(cluster, "algorithms_check.py", 4, 2, "16", "hierarchical", env={"COMMLIB_SHM": shm}, timeout=120)
+
+
 def test_schedules_at_an_uneven_shape(cluster):
     run_on_cluster(cluster, "algorithms_check.py", 3, 2, "16", "hierarchical,ring,rabenseifner", timeout=120)
 

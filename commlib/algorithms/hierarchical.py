@@ -24,7 +24,13 @@ host, ``n`` bytes): ``2(K-1)(alpha_i + n/K beta_i)`` inside, plus the cross allr
 ``2(H-1)(alpha_x + n/H beta_x)`` (ring). The flat ring sends ``2(P-1)/P n`` across each host
 boundary, the hierarchical ``2(H-1)/H n``: at ``2 x 2``, ``1.5 n`` against ``n``.
 
-With ``pieces > 1`` (:func:`pipelined_hierarchical`) the buffer is cut into pieces and the
+On a group whose hosts have mapped each other's memory (``transport.host_shared_memory``) and
+have equal numbers of ranks, phases 1 and 3 read the host peers' memory directly (the
+``shm_twoshot`` schedule, whose reduce-scatter slices are then the same element ranges on every
+host) and phase 2 runs on each reduced slice in between, through the same cross groups: no
+message inside a host at all. Uneven hosts keep the rings.
+
+With ``pieces > 1`` (:func:`_pipelined`) the buffer is cut into pieces and the
 phases of different pieces overlap: while piece ``k`` crosses the network on a helper thread,
 the host reduce-scatters piece ``k + 1`` and allgathers piece ``k - 1``.
 """
@@ -107,6 +113,11 @@ def allreduce_hierarchical(transport, buf, op: ReduceOp, *, segment_bytes: int =
     pieces = max(1, min(pieces, buf.nbytes // MIN_PIECE_BYTES))
     if not getattr(transport, "concurrent_posts", False):
         pieces = 1  # NCCL: one order of calls per communicator on every rank, so no helper thread
+    shared_memory = transport.host_shared_memory
+    if (shared_memory is not None and topology.spans_hosts and topology.uniform and shared_memory.size > 1
+            and list(shared_memory.ranks) == list(topology.host_ranks[host])):
+        _with_shared_memory(transport, shared_memory, buf, op, segment_bytes)
+        return
     if pieces == 1 or not topology.spans_hosts:
         plan = shard_plan(topology, 0, buf.size)
         _reduce_scatter_in_host(intra, buf, op, plan, host, segment_bytes)
@@ -140,6 +151,24 @@ def _allreduce_across_hosts(transport, buf, op, plan: ShardPlan, segment_bytes: 
         cross = RankView(transport, plan.cross_group(shard), scratch_base=CROSS_SCRATCH_BASE,
                          label=f"hierarchical cross-host allreduce of shard {shard} ({name})")
         get_algorithm(name)(cross, buf[lo:hi], op, segment_bytes=segment_bytes)
+
+
+def _with_shared_memory(transport, shared_memory, buf, op, segment_bytes: int) -> None:
+    """Phases 1 and 3 in shared memory; phase 2 on each slice this rank reduced, with the ranks
+    of the same local rank on the other hosts (equal hosts: they hold the same element range)."""
+    from . import get_algorithm
+    from .shm_twoshot import allreduce_shm_twoshot
+
+    topology = transport.topology
+    hosts = topology.host_count
+    cross = RankView(transport, [ranks[topology.local_rank] for ranks in topology.host_ranks],
+                     scratch_base=CROSS_SCRATCH_BASE, label="hierarchical cross-host allreduce (shared memory inside)")
+
+    def across_hosts(reduced_slice) -> None:
+        name = cross_algorithm(hosts, reduced_slice.nbytes)
+        get_algorithm(name)(cross, reduced_slice, op, segment_bytes=segment_bytes)
+
+    allreduce_shm_twoshot(shared_memory, buf, op, segment_bytes=segment_bytes, slice_hook=across_hosts)
 
 
 def _pipelined(transport, intra, buf, op, host: int, segment_bytes: int, pieces: int) -> None:

@@ -32,6 +32,14 @@ def main():
                 f"local rank {topology.local_rank}/{topology.local_size}")
     check.check(topology.spans_hosts == (len(expected) > 1), f"spans_hosts {topology.spans_hosts}")
     check.check(pg.transport.topology == topology, "the transport hands algorithms the group's topology")
+    # Hierarchical's intra-host phases read the host peers' memory when the group spans hosts and
+    # shared memory is on (COMMLIB_SHM); on even hosts they run there, on uneven ones the rings.
+    shared = pg.transport.host_shared_memory
+    want_shared = topology.spans_hosts and pg.config.shm
+    check.check((shared is not None) == want_shared, f"host_shared_memory {shared!r}, expected one: {want_shared}")
+    if shared is not None:
+        check.check(list(shared.ranks) == list(topology.host_ranks[topology.host_index]),
+                    f"shared memory ranks {shared.ranks}, host ranks {topology.host_ranks[topology.host_index]}")
     # A subgroup in reverse rank order: its own ranks, the same hosts.
     members = list(range(size))[::-1]
     sub = pg.new_group(members)
