@@ -28,7 +28,8 @@ oversubscribed: these rows describe this machine, not a rule; measure yours.
 ``COMMLIB_ALGO`` (allreduce) and ``COMMLIB_ALGO_<COLLECTIVE>`` override the choice for every call
 that says ``"auto"``. For allreduce, the group skips its general path for messages up to
 :func:`native_threshold` (an inline ``MPI_Iallreduce``), so that function must agree with the
-table. A choice must depend only on what every rank knows alike (alltoallv's byte counts differ
+table; the other collectives' small-message fast paths (:mod:`commlib.group_inline`) ask it too.
+A choice must depend only on what every rank knows alike (alltoallv's byte counts differ
 per rank, so its table has one row).
 """
 
@@ -133,14 +134,15 @@ def choose_allreduce(nbytes: int, world_size: int, available) -> str:
     return choose("allreduce", nbytes, world_size, available)
 
 
-def native_threshold(world_size: int, override=None) -> int:
-    """Largest allreduce (bytes) for which ``"auto"`` means ``"native"`` (-1: never)."""
+def native_threshold(world_size: int, override=None, collective: str = "allreduce") -> int:
+    """Largest message (bytes, as the table is keyed) for which ``"auto"`` means ``"native"`` for
+    ``collective`` (-1: never); ``override``: the configured algorithm for it, if any."""
     if override:
         return INF if override == "native" else -1
     if world_size == 1:
         return INF
     bound = -1
-    for upper, name in _TABLES["allreduce"][world_class(world_size)]:
+    for upper, name in _TABLES[collective][world_class(world_size)]:
         if name != "native":
             break
         bound = upper

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import algorithms as _algorithms
 from .errors import InvalidUsageError
+from .fingerprint import CallFingerprint
 from .ops import ReduceOp, check_op
 from .validation import check_buffer, check_counts, check_no_overlap, check_root, check_same_kind
 
@@ -25,6 +26,8 @@ _AVG = ReduceOp.AVG
 class CollectiveMethods:
     def broadcast(self, buf, root: int = 0, *, algorithm: str = "auto", async_op: bool = False):
         """Every rank's ``buf`` becomes ``root``'s."""
+        if not async_op and self._broadcast_inline(buf, root, algorithm):
+            return None
         flat = check_buffer(buf, "broadcast")
         root = check_root(root, self.size, "broadcast")
         name, fn = self._algorithm("broadcast", algorithm, flat.nbytes, buf)
@@ -34,10 +37,12 @@ class CollectiveMethods:
             fn(transport, flat, root, segment_bytes=segment_bytes)
 
         return self._issue("broadcast", run, flat.nbytes, async_op, buf, name,
-                           (flat.dtype, buf.shape, "", root, name), kind_of=buf)
+                           CallFingerprint(flat.dtype, buf.shape, "", root, name), kind_of=buf)
 
     def reduce(self, buf, root: int = 0, op=_SUM, *, algorithm: str = "auto", async_op: bool = False):
         """``root``'s ``buf`` becomes the reduction of every rank's; the others' stay as they were."""
+        if not async_op and self._reduce_inline(buf, root, op, algorithm):
+            return None
         op = ReduceOp.coerce(op)
         flat = check_buffer(buf, "reduce")
         check_op(op, flat.dtype, "reduce")
@@ -53,10 +58,12 @@ class CollectiveMethods:
                 flat[...] /= size
 
         return self._issue("reduce", run, flat.nbytes, async_op, buf, name,
-                           (flat.dtype, buf.shape, op.name, root, name), kind_of=buf)
+                           CallFingerprint(flat.dtype, buf.shape, op.name, root, name), kind_of=buf)
 
     def allgather(self, out, inp, *, algorithm: str = "auto", async_op: bool = False):
         """``out`` (``size * inp.size``) gets every rank's ``inp``, rank-major."""
+        if not async_op and self._allgather_inline(out, inp, algorithm):
+            return None
         flat_out, flat_inp = self._out_and_inp("allgather", out, inp)
         self._check_size("allgather", "out", flat_out.size, "inp", flat_inp.size)
         name, fn = self._algorithm("allgather", algorithm, flat_out.nbytes, out)
@@ -66,10 +73,12 @@ class CollectiveMethods:
             fn(transport, flat_out, flat_inp, segment_bytes=segment_bytes)
 
         return self._issue("allgather", run, flat_out.nbytes, async_op, out, name,
-                           (flat_inp.dtype, inp.shape, "", -1, name), kind_of=out)
+                           CallFingerprint(flat_inp.dtype, inp.shape, "", -1, name), kind_of=out)
 
     def reduce_scatter(self, out, inp, op=_SUM, *, algorithm: str = "auto", async_op: bool = False):
         """Rank ``r``'s ``out`` gets block ``r`` of the reduction of every rank's ``inp``."""
+        if not async_op and self._reduce_scatter_inline(out, inp, op, algorithm):
+            return None
         op = ReduceOp.coerce(op)
         flat_out, flat_inp = self._out_and_inp("reduce_scatter", out, inp)
         check_op(op, flat_out.dtype, "reduce_scatter")
@@ -84,10 +93,12 @@ class CollectiveMethods:
                 flat_out[...] /= size
 
         return self._issue("reduce_scatter", run, flat_inp.nbytes, async_op, out, name,
-                           (flat_inp.dtype, inp.shape, op.name, -1, name), kind_of=out)
+                           CallFingerprint(flat_inp.dtype, inp.shape, op.name, -1, name), kind_of=out)
 
     def alltoall(self, out, inp, *, algorithm: str = "auto", async_op: bool = False):
         """Block ``j`` of rank ``i``'s ``inp`` lands in block ``i`` of rank ``j``'s ``out`` (equal blocks)."""
+        if not async_op and self._alltoall_inline(out, inp, algorithm):
+            return None
         flat_out, flat_inp = self._out_and_inp("alltoall", out, inp)
         if flat_out.size != flat_inp.size or flat_inp.size % self.size:
             raise InvalidUsageError(
@@ -101,7 +112,7 @@ class CollectiveMethods:
             fn(transport, flat_out, flat_inp, segment_bytes=segment_bytes)
 
         return self._issue("alltoall", run, flat_inp.nbytes, async_op, out, name,
-                           (flat_inp.dtype, inp.shape, "", -1, name), kind_of=out)
+                           CallFingerprint(flat_inp.dtype, inp.shape, "", -1, name), kind_of=out)
 
     def alltoallv(self, out, inp, out_counts, in_counts, *, algorithm: str = "auto", async_op: bool = False):
         """``in_counts[j]`` elements of ``inp`` go to rank ``j``, ``out_counts[i]`` arrive from rank ``i``.
@@ -121,10 +132,12 @@ class CollectiveMethods:
             fn(transport, flat_out, flat_inp, out_counts, in_counts, segment_bytes=segment_bytes)
 
         return self._issue("alltoallv", run, flat_inp.nbytes, async_op, out, name,
-                           (flat_inp.dtype, ("v",), "", -1, name), kind_of=out)
+                           CallFingerprint(flat_inp.dtype, ("v",), "", -1, name), kind_of=out)
 
     def gather(self, out, inp, root: int = 0, *, algorithm: str = "auto", async_op: bool = False):
         """``root``'s ``out`` (``size * inp.size``) gets every rank's ``inp``; elsewhere ``out`` may be None."""
+        if not async_op and self._gather_inline(out, inp, root, algorithm):
+            return None
         root = check_root(root, self.size, "gather")
         flat_inp = check_buffer(inp, "gather", "inp", writable=False)
         flat_out = None
@@ -138,10 +151,12 @@ class CollectiveMethods:
             fn(transport, flat_out, flat_inp, root, segment_bytes=segment_bytes)
 
         return self._issue("gather", run, flat_inp.nbytes * self.size, async_op, out, name,
-                           (flat_inp.dtype, inp.shape, "", root, name), kind_of=inp)
+                           CallFingerprint(flat_inp.dtype, inp.shape, "", root, name), kind_of=inp)
 
     def scatter(self, out, inp, root: int = 0, *, algorithm: str = "auto", async_op: bool = False):
         """Rank ``r``'s ``out`` gets block ``r`` of ``root``'s ``inp``; elsewhere ``inp`` may be None."""
+        if not async_op and self._scatter_inline(out, inp, root, algorithm):
+            return None
         root = check_root(root, self.size, "scatter")
         flat_out = check_buffer(out, "scatter", "out")
         flat_inp = None
@@ -155,17 +170,19 @@ class CollectiveMethods:
             fn(transport, flat_out, flat_inp, root, segment_bytes=segment_bytes)
 
         return self._issue("scatter", run, flat_out.nbytes * self.size, async_op, out, name,
-                           (flat_out.dtype, out.shape, "", root, name), kind_of=out)
+                           CallFingerprint(flat_out.dtype, out.shape, "", root, name), kind_of=out)
 
     def barrier(self, *, algorithm: str = "auto", async_op: bool = False):
         """Returns once every rank of the group has entered the barrier."""
+        if not async_op and self._barrier_inline(algorithm):
+            return None
         name, fn = self._algorithm("barrier", algorithm, 0, None)
         segment_bytes = self.segment_bytes
 
         def run(transport):
             fn(transport, segment_bytes=segment_bytes)
 
-        return self._issue("barrier", run, 0, async_op, None, name, (None, (), "", -1, name))
+        return self._issue("barrier", run, 0, async_op, None, name, CallFingerprint(None, (), "", -1, name))
 
     # -- shared checks -------------------------------------------------------------------------
     def _algorithm(self, collective: str, algorithm, nbytes: int, buf):
@@ -202,7 +219,7 @@ class CollectiveMethods:
                 transport.native_allgather(everyone, mine)
 
             self._issue("alltoallv_counts", run, everyone.nbytes, False, None, "native",
-                        (mine.dtype, mine.shape, "", -1, "native"))
+                        CallFingerprint(mine.dtype, mine.shape, "", -1, "native"))
         table = everyone.reshape(size, 2, size)  # [rank, out/in, peer]
         wrong = [f"rank {sender} sends {table[sender, 1, receiver]} to rank {receiver}, which expects "
                  f"{table[receiver, 0, sender]}"

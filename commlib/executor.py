@@ -17,7 +17,8 @@ timing. The rules:
    ``Work``. So a callback may issue collectives and wait for them (PowerSGD's hook does), and
    their place in the order is fixed by rule 2.
 
-Sequence numbers are assigned when a collective *starts*, so they follow this order. A callback
+Sequence numbers are assigned when a collective *starts*, by the executor (``seq`` counts them),
+so they follow this order. A callback
 that waits for a collective queued after it would wait forever: ``Work.wait`` raises
 ``InvalidUsageError`` instead.
 
@@ -26,6 +27,9 @@ thread (a thread hop costs tens of microseconds, more than a whole small ``MPI_A
 everything else goes through one FIFO of entries (collectives and callbacks) that the
 communication thread works off. While an inline collective runs (``_inline_busy``), the comm
 thread holds back what other threads queued meanwhile, so the two never overlap.
+:meth:`CommExecutor.try_run_inline` is the leanest form of the same rule, for the small-message
+fast paths: it runs the collective under the issue lock itself, so nobody can queue behind it
+and no bookkeeping is needed; it declines (returns False) whenever anything is in line.
 
 After any collective (or callback) fails, the group is poisoned: queued and later collectives
 fail at once with :class:`GroupAbortedError` naming the first error, because peers may now be
@@ -47,14 +51,12 @@ from .work import Work
 __all__ = ["CommExecutor"]
 
 NumberedTask = Callable[[int], None]
-NextSeq = Callable[[], int]
 
 
 class _Entry(NamedTuple):
     """A queued collective (``task`` set) or an ordered callback (``callback`` set)."""
 
     task: Optional[NumberedTask]
-    next_seq: Optional[NextSeq]
     work: Work
     callback: Optional[Callable[[Work], None]] = None
 
@@ -71,6 +73,14 @@ class CommExecutor:
         self._thread_ident: Optional[int] = None
         self._closed = False
         self.first_error: Optional[BaseException] = None
+        self.seq = 0  # collectives started so far; the n-th gets number n
+        self.inline_runs = 0  # of them, how many try_run_inline ran (to see the fast path taken)
+
+    def _next_seq(self) -> int:
+        # Under the issue lock, or on the comm thread while no inline collective can run (see
+        # _run_queued): never two at once.
+        self.seq += 1
+        return self.seq
 
     # -- issuing -------------------------------------------------------------------------------
     def check_healthy(self) -> None:
@@ -84,37 +94,64 @@ class CommExecutor:
     def on_comm_thread(self) -> bool:
         return self._thread_ident is not None and threading.get_ident() == self._thread_ident
 
-    def run_sync(self, task: NumberedTask, next_seq: NextSeq, collective: str,
+    def run_sync(self, task: NumberedTask, collective: str,
                  nbytes: int = 0, result=None) -> None:
         """Run ``task`` now if the line is empty (or from a callback), else queue it and wait."""
         if self.on_comm_thread():
             self.check_healthy()
-            self._run_numbered(task, next_seq)
+            self._run_numbered(task)
             return
         with self._issue_lock:
             self.check_healthy()
             if self._in_flight == 0:
                 self._in_flight = 1
                 self._inline_busy = True
-                seq = next_seq()
+                seq = self._next_seq()
                 work = None
             else:
                 work = Work(collective, None, nbytes, result, executor=self)
-                self._enqueue(_Entry(task, next_seq, work))
+                self._enqueue(_Entry(task, work))
         if work is not None:
             work.wait()
             return
         try:
             task(seq)
         except BaseException as exc:
-            self._record_failure(exc)
+            self.record_failure(exc)
             raise
         finally:
             with self._issue_lock:
                 self._in_flight -= 1
                 self._inline_busy = False
 
-    def submit(self, task: NumberedTask, next_seq: NextSeq, collective: str,
+    def try_run_inline(self, task: Callable[..., None], *args) -> bool:
+        """Run ``task(seq, *args)`` now, in the caller's thread, if nothing is in line; else False.
+
+        For collectives that take microseconds (the small-message fast paths): the issue lock is
+        held for the whole call, so nothing can queue behind it (a thread issuing meanwhile
+        waits for the lock, then finds the line empty again) and no in-flight bookkeeping is
+        needed. Declines when anything is queued or running, when the group is poisoned or
+        closed, and on the communication thread (a callback's collective has its place there):
+        the caller then takes the general path, which orders, numbers and explains. A failing
+        task poisons the group as a queued one does.
+        """
+        # Plain acquire/release: a ``with`` block costs twice as much, and this is the hot path.
+        issue_lock = self._issue_lock
+        issue_lock.acquire()
+        try:
+            if self._in_flight or self.first_error is not None or self._closed:
+                return False
+            self.seq += 1  # _next_seq(), inlined
+            self.inline_runs += 1
+            task(self.seq, *args)
+        except BaseException as exc:
+            self.record_failure(exc)
+            raise
+        finally:
+            issue_lock.release()
+        return True
+
+    def submit(self, task: NumberedTask, collective: str,
                nbytes: int = 0, result=None) -> Work:
         """Queue ``task`` for the communication thread and return its ``Work`` (from a callback:
         run it now and return it completed)."""
@@ -123,14 +160,14 @@ class CommExecutor:
             self.check_healthy()
             error = None
             try:
-                work.seq = self._run_numbered(task, next_seq)
+                work.seq = self._run_numbered(task)
             except BaseException as exc:  # surfaced through Work.wait(), as for a queued one
                 error = exc
             work._complete(error)
             return work
         with self._issue_lock:
             self.check_healthy()
-            self._enqueue(_Entry(task, next_seq, work))
+            self._enqueue(_Entry(task, work))
         return work
 
     def add_callback(self, target: Work, callback: Callable[[Work], None], *, after: Work) -> None:
@@ -147,7 +184,7 @@ class CommExecutor:
         with self._issue_lock:
             closed = self._closed
             if not closed:
-                self._enqueue(_Entry(None, None, target, callback))
+                self._enqueue(_Entry(None, target, callback))
         if closed:  # the group is gone: no order left to keep
             target._when_complete(callback)
 
@@ -160,12 +197,12 @@ class CommExecutor:
             self._thread = threading.Thread(target=self._loop, name=f"commlib-{self.name}", daemon=True)
             self._thread.start()
 
-    def _run_numbered(self, task: NumberedTask, next_seq: NextSeq) -> int:
-        seq = next_seq()  # on the comm thread: see _run_queued
+    def _run_numbered(self, task: NumberedTask) -> int:
+        seq = self._next_seq()  # on the comm thread: see _run_queued
         try:
             task(seq)
         except BaseException as exc:
-            self._record_failure(exc)
+            self.record_failure(exc)
             raise
         return seq
 
@@ -191,7 +228,7 @@ class CommExecutor:
         work = entry.work
         # No lock: besides this thread only an inline collective numbers (with _in_flight == 0,
         # so never while an entry is being worked off; _wait_for_inline_collective saw it end).
-        work.seq = entry.next_seq()
+        work.seq = self._next_seq()
         error = None
         if self.first_error is not None:
             error = GroupAbortedError(
@@ -203,7 +240,7 @@ class CommExecutor:
                 entry.task(work.seq)
             except BaseException as exc:  # surfaced through Work.wait()
                 error = exc
-                self._record_failure(exc)
+                self.record_failure(exc)
         work._complete(error)  # runs the callbacks added on this thread, right here
 
     def _invoke_callback(self, target: Work, callback: Callable[[Work], None]) -> None:
@@ -217,7 +254,7 @@ class CommExecutor:
                              f"{type(exc).__name__}: {exc}; the group is unusable from here on\n"
                              + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
             sys.stderr.flush()
-            self._record_failure(CommError(
+            self.record_failure(CommError(
                 f"a done-callback of {target._label()} raised {type(exc).__name__}: {exc}"))
 
     def _wait_for_inline_collective(self) -> None:
@@ -227,7 +264,8 @@ class CommExecutor:
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
 
-    def _record_failure(self, exc: BaseException) -> None:
+    def record_failure(self, exc: BaseException) -> None:
+        """Poison the group: later collectives fail at once naming ``exc`` (the first one kept)."""
         if self.first_error is None and isinstance(exc, Exception):
             self.first_error = exc
 

@@ -9,14 +9,26 @@ and which rank had what; nothing of the collective itself is sent.
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional, Tuple
+
 import numpy as np
 
 from .errors import CollectiveMismatchError
 
-__all__ = ["FingerprintChecker", "describe_mismatch"]
+__all__ = ["CallFingerprint", "FingerprintChecker", "describe_mismatch"]
 
 FIELDS = ("seq", "collective", "dtype", "shape", "op", "root", "algorithm")
 _SEPARATOR = "\x1f"
+
+
+class CallFingerprint(NamedTuple):
+    """What a call looks like from outside: debug mode compares it across ranks before it runs."""
+
+    dtype: Optional[object]  # None for calls without a buffer (barrier)
+    shape: Tuple[int, ...]
+    op: str  # the ReduceOp's name, "" for collectives that do not reduce
+    root: int  # -1 for collectives without a root
+    algorithm: str
 
 
 def encode(values) -> bytes:
@@ -53,10 +65,10 @@ class FingerprintChecker:
     def __init__(self, group):
         self.group = group
 
-    def check(self, collective: str, seq: int, algorithm: str, fingerprint) -> None:
-        dtype, shape, op, root, _ = fingerprint
-        dtype_text = "-" if dtype is None else str(dtype)
-        mine = encode((seq, collective, dtype_text, tuple(shape), op or "-", root, algorithm))
+    def check(self, collective: str, seq: int, algorithm: str, fingerprint: CallFingerprint) -> None:
+        dtype_text = "-" if fingerprint.dtype is None else str(fingerprint.dtype)
+        mine = encode((seq, collective, dtype_text, tuple(fingerprint.shape), fingerprint.op or "-",
+                       fingerprint.root, algorithm))
         transport, size = self.group.transport, self.group.size
         if size == 1:
             return

@@ -11,12 +11,9 @@ group's machinery; the other collectives are in :mod:`.collectives`, point-to-po
 
 from __future__ import annotations
 
-import threading
-import time
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import numpy as np
-from mpi4py import MPI
 
 from . import algorithms as _algorithms
 from .auto import choose, choose_shared_memory_allreduce, native_threshold, shared_memory_inline_bytes
@@ -24,8 +21,10 @@ from .auto_hosts import choose_across_hosts, native_threshold_across_hosts
 from .collectives import CollectiveMethods
 from .config import Config
 from .errors import InvalidUsageError
+from .fingerprint import CallFingerprint
 from .executor import CommExecutor
 from .crash_witness import witness_endpoint
+from .group_inline import InlineNativeMethods, set_up_inline_natives
 from .group_shared_memory import SharedMemoryMethods
 from .host_memory import open_host_memory
 from .progress_board import ProgressBoard
@@ -33,22 +32,20 @@ from .topology import discover_topology
 from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
 from .p2p import PointToPoint, PointToPointMethods
-from .transports.mpi import MPITransport, raise_timeout
-from .transports.mpi_types import MPI_PREDEFINED
+from .transports.mpi import MPITransport
 from .validation import array_kind, check_buffer, check_root, check_timeout
+
+if TYPE_CHECKING:  # the communicator is handed in; only the transport and the bootstrap call MPI
+    from mpi4py import MPI
 
 __all__ = ["ProcessGroup"]
 
 _SUM = ReduceOp.SUM
 _AVG = ReduceOp.AVG
-_MIN = ReduceOp.MIN
-_MAX = ReduceOp.MAX
-# Polls of a small inline allreduce before the yielding, deadline-checking wait takes over.
-INLINE_SPINS = 16
 
 
-class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
-    def __init__(self, comm: MPI.Comm, *, timeout: float, config: Config, debug: bool = False,
+class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, PointToPointMethods):
+    def __init__(self, comm: "MPI.Comm", *, timeout: float, config: Config, debug: bool = False,
                  name: str = "world", segment_bytes: Optional[int] = None, device=None,
                  gpu_transport: Optional[str] = None):
         self.comm = comm
@@ -78,13 +75,13 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
             self.transport.host_shared_memory = self.host_memory.transport  # hierarchical's phases
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
         self._p2p = PointToPoint(comm, timeout=self.timeout, name=name)
-        self._seq = 0
         self._gpu = None
         self._fingerprints = None
-        # A few microseconds of Python matter for small allreduces: when the group is plain
+        # A few microseconds of Python matter for small collectives: when the group is plain
         # (no debug fingerprints) and "auto" means "native" for small messages, skip the
-        # general machinery (see _native_allreduce_inline).
-        self._small_fast_path_ok = not self.debug
+        # general machinery (see commlib/group_inline.py).
+        set_up_inline_natives(self)
+        self._small_fast_path_ok = self._inline_runs["allreduce"] is not None
         self._auto_native_bytes = native_threshold(self.size, config.algorithm_override)
         self._shm_inline_bytes = -1
         if self._shm is not None and not config.algorithm_override and self._small_fast_path_ok:
@@ -114,7 +111,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
             return None
         if (not async_op and buf.__class__ is np.ndarray and self._small_fast_path_ok
                 and (algorithm == "native" or (algorithm == "auto" and buf.nbytes <= self._auto_native_bytes))
-                and self._native_allreduce_inline(buf, op)):
+                and self._allreduce_inline(buf, op)):
             return None
         if op.__class__ is not ReduceOp:
             op = ReduceOp.coerce(op)
@@ -135,7 +132,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
                 flat[...] /= size  # in place: flat is a view of buf
 
         return self._issue("allreduce", run, flat.nbytes, async_op, buf, name,
-                           (flat.dtype, buf.shape, op.name, -1, name), kind_of=buf)
+                           CallFingerprint(flat.dtype, buf.shape, op.name, -1, name), kind_of=buf)
 
     # -- groups --------------------------------------------------------------------------------
     def new_group(self, ranks: Sequence[int], *, timeout: Optional[float] = None) -> Optional["ProcessGroup"]:
@@ -153,20 +150,18 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
         # for another group is found here, before the blocking MPI calls that create the group.
         self._agree_on_members(ranks)
         member = self.rank in ranks
-        color = 0 if member else MPI.UNDEFINED
         key = ranks.index(self.rank) if member else 0
         created = {}
 
-        def create():
-            sub = _split_communicator(self.comm, color, key)
-            if sub != MPI.COMM_NULL:
+        def create(transport):
+            sub = transport.split(member, key)
+            if sub is not None:
                 created["group"] = ProcessGroup(
                     sub, timeout=timeout, config=self.config, debug=self.debug,
                     name=f"{self.name}/{'-'.join(map(str, ranks))}", segment_bytes=self.segment_bytes,
                     device=self.device, gpu_transport=self.gpu_transport)
 
-        self._issue("new_group", lambda transport: _run_with_deadline(create, transport),
-                    0, False, None, "native", (None, (len(ranks),), "", -1, ""))
+        self._issue("new_group", create, 0, False, None, "native", CallFingerprint(None, (len(ranks),), "", -1, ""))
         return created.get("group")
 
     def _agree_on_members(self, ranks: List[int]) -> None:
@@ -203,13 +198,12 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
             self._progress_slot = None
             self.progress.close()
             self.progress = None
-        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.comm.Free()
+        self.transport.free_communicator()
 
     @property
     def seq(self) -> int:
-        """How many collectives this group has issued."""
-        return self._seq
+        """How many collectives this group has started (the last one's sequence number)."""
+        return self.executor.seq
 
     def resolve_algorithm(self, algorithm: str, nbytes: int, on_gpu: bool = False,
                           collective: str = "allreduce", symmetric: bool = False) -> str:
@@ -247,80 +241,15 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
         def task(seq):
             if progress is not None:
                 progress.started(seq, collective)
-            context.collective = collective
-            context.seq = seq
-            context.algorithm = algorithm
-            context.nbytes = nbytes
-            context.step = ""
-            context.timeout = timeout
-            context.deadline = time.monotonic() + timeout
+            context.begin(collective, seq, algorithm, nbytes, timeout)
             if checker is not None:
                 checker.check(collective, seq, algorithm, fingerprint)
             run(transport)
 
         if not async_op:
-            self.executor.run_sync(task, self._next_seq, collective, nbytes, result)
+            self.executor.run_sync(task, collective, nbytes, result)
             return None
-        return self.executor.submit(task, self._next_seq, collective, nbytes, result)
-
-    def _native_allreduce_inline(self, buf, op) -> bool:
-        """``MPI_Iallreduce`` right here, if nothing else is in line; False: take the general path.
-
-        Validation is the general path's (it runs whenever this returns False): anything unusual,
-        a non-contiguous or read-only buffer, AVG, bfloat16, a busy line, falls through to it.
-        """
-        datatype = MPI_PREDEFINED.get(buf.dtype)
-        # Identity tests: hashing an Enum member runs Python code (~0.3 us).
-        if op is _SUM:
-            mpi_reduce_op = MPI.SUM
-        elif op is _MAX:
-            mpi_reduce_op = MPI.MAX
-        elif op is _MIN:
-            mpi_reduce_op = MPI.MIN
-        else:
-            return False
-        flags = buf.flags
-        if datatype is None or not (flags.c_contiguous and flags.writeable):
-            return False
-        # The issue lock is held for the whole (microseconds-long) collective: nothing can queue
-        # behind it meanwhile, so no in-flight bookkeeping is needed. Plain acquire/release: a
-        # ``with`` block costs twice as much, and this is the hot path.
-        executor = self.executor
-        issue_lock = executor._issue_lock
-        issue_lock.acquire()
-        try:
-            if executor._in_flight or executor.first_error is not None or executor._closed:
-                return False
-            self._seq += 1
-            seq = self._seq
-            progress_slot = self._progress_slot
-            if progress_slot is not None:
-                progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
-            if self.size > 1 and buf.size:
-                request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, buf.size, datatype], mpi_reduce_op)
-                spins = INLINE_SPINS
-                while not request.Test():
-                    spins -= 1
-                    if not spins:
-                        self._wait_inline(request, "allreduce", seq, buf.nbytes)
-                        break
-        except BaseException as exc:
-            executor._record_failure(exc)
-            raise
-        finally:
-            issue_lock.release()
-        return True
-
-    def _wait_inline(self, request, collective: str, seq: int, nbytes: int) -> None:
-        context = self.transport.context
-        context.collective, context.seq, context.algorithm = collective, seq, "native"
-        context.nbytes, context.step, context.timeout = nbytes, "", self.timeout
-        context.deadline = time.monotonic() + self.timeout
-        self.transport._wait_native(request, nbytes)
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
+        return self.executor.submit(task, collective, nbytes, result)
 
     def _gpu_backend(self):
         if self._gpu is None:
@@ -337,35 +266,3 @@ def load_cost_model(path: Optional[str]):
     from .costmodel import CostModel
 
     return CostModel.load(path)
-
-
-def _split_communicator(comm, color: int, key: int):
-    """``MPI_Comm_split`` (blocking; run by :func:`_run_with_deadline`)."""
-    return comm.Split(color, key)
-
-
-def _run_with_deadline(blocking_call, transport) -> None:
-    """Run a blocking collective MPI call on a helper thread; raise at the collective's deadline.
-
-    MPI has no nonblocking split. A peer that agreed to it and then never arrived (it died, or
-    hangs) would block ``MPI_Comm_split`` forever; instead the caller gets ``CommTimeoutError``
-    naming the peers, the group is poisoned, and the helper thread is left behind in MPI (the
-    job is ending: the error aborts it unless caught).
-    """
-    outcome = {}
-
-    def run():
-        try:
-            blocking_call()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            outcome["error"] = exc
-
-    context = transport.context
-    helper = threading.Thread(target=run, name=f"commlib-{context.collective}-{context.seq}", daemon=True)
-    helper.start()
-    helper.join(max(0.0, context.deadline - time.monotonic()))
-    if helper.is_alive():
-        raise_timeout(transport.rank, context, "MPI to create the group (MPI_Comm_split)",
-                      transport.progress_board)
-    if "error" in outcome:
-        raise outcome["error"]

@@ -64,9 +64,9 @@ class SharedMemoryMethods:
     def _shm_allreduce_inline(self, buf, op) -> bool:
         """``shm_oneshot`` right here, if nothing else is in line; False: take the general path.
 
-        Like :meth:`_native_allreduce_inline`: no thread hop, no Work; anything unusual (AVG of
-        integers, an unsupported dtype, a read-only buffer, a busy line) falls through to the
-        general path, which validates and explains. The budget is about a microsecond.
+        Like the MPI fast path (:mod:`commlib.group_inline`): no thread hop, no Work; anything
+        unusual (AVG of integers, an unsupported dtype, a read-only buffer, a busy line) falls
+        through to the general path, which validates and explains. The budget is about a microsecond.
         """
         shm = self._shm
         last = shm._last_round  # (count, dtype, op, round): the same kind of call was validated before
@@ -82,23 +82,13 @@ class SharedMemoryMethods:
         flags = buf.flags
         if not (flags.c_contiguous and flags.writeable):
             return False
-        executor = self.executor
-        issue_lock = executor._issue_lock
-        issue_lock.acquire()
-        try:
-            if executor._in_flight or executor.first_error is not None or executor._closed:
-                return False
-            self._seq += 1
-            seq = self._seq
-            progress_slot = self._progress_slot
-            if progress_slot is not None:
-                progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
-            shm.inline_seq = seq  # the context, should it be needed (see SharedMemoryTransport)
-            shm.inline_nbytes = buf.nbytes
-            round_(buf if buf.ndim == 1 else buf.reshape(-1), buf.nbytes)
-        except BaseException as exc:
-            executor._record_failure(exc)
-            raise
-        finally:
-            issue_lock.release()
-        return True
+        return self.executor.try_run_inline(self._shm_allreduce_now, buf, round_)
+
+    def _shm_allreduce_now(self, seq: int, buf, round_) -> None:
+        progress_slot = self._progress_slot
+        if progress_slot is not None:
+            progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
+        shm = self._shm
+        shm.inline_seq = seq  # the context, should it be needed (see SharedMemoryTransport)
+        shm.inline_nbytes = buf.nbytes
+        round_(buf if buf.ndim == 1 else buf.reshape(-1), buf.nbytes)

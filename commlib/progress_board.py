@@ -34,7 +34,7 @@ COLLECTIVE_CODES = {"allreduce": 1, "broadcast": 2, "reduce": 3, "allgather": 4,
                     "alltoallv": 9, "alltoallv_counts": 10, "gather": 11, "scatter": 12}
 EXITED_CODE = 255  # written at interpreter exit, so peers can tell "exited" from "slow"
 _NAMES = {code: name for name, code in COLLECTIVE_CODES.items()}
-_CODE_BITS = 8
+CODE_BITS = 8
 _SLOT_BYTES = 8
 
 
@@ -80,10 +80,10 @@ class ProgressBoard:
 
     @staticmethod
     def encode(seq: int, collective: str) -> int:
-        return (seq << _CODE_BITS) | COLLECTIVE_CODES.get(collective, 0)
+        return (seq << CODE_BITS) | COLLECTIVE_CODES.get(collective, 0)
 
     def started(self, seq: int, collective: str) -> None:
-        self.mine[0] = (seq << _CODE_BITS) | COLLECTIVE_CODES.get(collective, 0)
+        self.mine[0] = (seq << CODE_BITS) | COLLECTIVE_CODES.get(collective, 0)
 
     def laggards(self, seq: int, collective: str) -> str:
         """Text naming the peers that have not started collective ``seq`` (or run another one).
@@ -109,7 +109,7 @@ class ProgressBoard:
             else:
                 unknown.append(peer)
                 continue
-            peer_seq, peer_code = value >> _CODE_BITS, value & ((1 << _CODE_BITS) - 1)
+            peer_seq, peer_code = value >> CODE_BITS, value & ((1 << CODE_BITS) - 1)
             peer_name = _NAMES.get(peer_code, "nothing yet")
             last = f"last started {peer_name} #{peer_seq}" if peer_seq else "started no collective yet"
             if state == "died":
@@ -145,7 +145,7 @@ class ProgressBoard:
             if slot is None or peer == self.rank:
                 continue
             value = int(slot[0])
-            if value & ((1 << _CODE_BITS) - 1) == EXITED_CODE and value >> _CODE_BITS < seq:
+            if value & ((1 << CODE_BITS) - 1) == EXITED_CODE and value >> CODE_BITS < seq:
                 gone.append(peer)
         return gone
 
@@ -186,7 +186,7 @@ class ProgressBoard:
     def mark_exited(self) -> None:
         self._exited = True
         if self.mine is not None:
-            self.mine[0] = (int(self.mine[0]) >> _CODE_BITS << _CODE_BITS) | EXITED_CODE
+            self.mine[0] = (int(self.mine[0]) >> CODE_BITS << CODE_BITS) | EXITED_CODE
 
     def close(self) -> None:
         """Drop this rank's view of the board (local: never waits for a peer). Idempotent."""

@@ -60,8 +60,8 @@ class CollectiveContext:
     timeout: float = float("inf")
     step: str = ""
 
-    def set(self, collective: str, seq: int, algorithm: str, nbytes: int, timeout: float) -> None:
-        """A new collective starts now (the deadline counts from here)."""
+    def begin(self, collective: str, seq: int, algorithm: str, nbytes: int, timeout: float) -> None:
+        """Collective number ``seq`` starts now: its deadline is ``timeout`` seconds from here."""
         self.collective, self.seq, self.algorithm, self.nbytes, self.step = collective, seq, algorithm, nbytes, ""
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
@@ -98,6 +98,7 @@ class Transport(abc.ABC):
     xp: object  # the array module
     concurrent_posts: bool = False
     host_shared_memory = None
+    progress_board = None
 
     def __init__(self) -> None:
         self.context = CollectiveContext()
@@ -133,6 +134,19 @@ class Transport(abc.ABC):
 
     def sendrecv(self, sendbuf, dst: int, recvbuf, src: int) -> None:
         self.exchange(sends=((sendbuf, dst),), recvs=((recvbuf, src),))
+
+    # -- the library's collectives on the caller's thread (the group's small-message fast path) --
+    def inline_native(self, collective: str, timeout: float):
+        """A function ``run(seq, *args)`` that runs ``native_<collective>(*args)`` as collective
+        number ``seq`` right away on the caller's thread, cheaper than the general path, or None.
+
+        The group asks once per collective and calls it from its small-message fast path (nothing
+        else in line, plain host buffers, see :mod:`commlib.group_inline`). ``run`` must keep the
+        general path's semantics: mark ``progress_board`` (if any) started, give up after
+        ``timeout`` seconds with the same errors, name the collective and ``seq`` in them. The
+        default, None, leaves every call to the general path.
+        """
+        return None
 
     # -- the library's collectives that not every library has: one step of every transfer ------
     def native_gather(self, out, inp, root: int) -> None:

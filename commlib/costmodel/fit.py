@@ -83,9 +83,7 @@ def fit(pg, sizes=SIZES, repeats: int = REPEATS) -> dict:
     topology = pg.topology
     comm = pg.comm.Dup()  # our own traffic, never mixed with the group's
     transport = MPITransport(comm)
-    transport.context.deadline = time.monotonic() + 600.0
-    transport.context.timeout = 600.0
-    transport.context.collective = "cost model fit"
+    transport.context.begin("cost model fit", 0, "", 0, 600.0)
     rank = pg.rank
     samples = {}
     try:

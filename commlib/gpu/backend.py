@@ -88,7 +88,7 @@ class GpuBackend:
                 return
             group = self.group
             outcome = {}
-            group.executor.run_sync(lambda seq: self._bootstrap(outcome), group._next_seq, "gpu_init")
+            group.executor.run_sync(lambda seq: self._bootstrap(outcome), "gpu_init")
             if "error" in outcome:
                 self._setup_error = outcome["error"]
                 raise self._setup_error
@@ -141,10 +141,10 @@ class GpuBackend:
         work.keepalive = (result, run)
         task = self._task(work, run, collective, algorithm, nbytes, fingerprint, ready)
         if not async_op:
-            group.executor.run_sync(task, group._next_seq, collective, nbytes, result)
+            group.executor.run_sync(task, collective, nbytes, result)
             self.comm_stream.wait_on_caller(caller, work.done_event)
             return None
-        inner = group.executor.submit(task, group._next_seq, collective, nbytes, result)
+        inner = group.executor.submit(task, collective, nbytes, result)
         work._attach(inner)
         return work
 
@@ -156,10 +156,7 @@ class GpuBackend:
             progress = getattr(group, "progress", None)
             if progress is not None:
                 progress.started(seq, collective)
-            context = transport.context
-            context.collective, context.seq, context.algorithm = collective, seq, algorithm
-            context.nbytes, context.step, context.timeout = nbytes, "", group.timeout
-            context.deadline = time.monotonic() + group.timeout
+            transport.context.begin(collective, seq, algorithm, nbytes, group.timeout)
             checker = group._fingerprints
             if checker is not None:
                 checker.check(collective, seq, algorithm, fingerprint)
@@ -179,7 +176,7 @@ class GpuBackend:
                 f"uses GPU {self.device}; allocate under cupy.cuda.Device({self.device}) or create "
                 f"the group's GPU backend with device={where}"
             )
-        dtype = fingerprint[0]
+        dtype = fingerprint.dtype
         if self.kind != "nccl" or dtype is None:
             return
         from .nccl_transport import nccl_reduce_dtype_ok
@@ -202,7 +199,7 @@ class GpuBackend:
         )
         # Poison first: from here on every call on the group raises at once, so nothing new
         # reaches the communicator that after_failing (_abort) tears down.
-        group.executor._record_failure(root)
+        group.executor.record_failure(root)
 
         def error_for(work):
             if work is expired:

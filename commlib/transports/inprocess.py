@@ -126,11 +126,7 @@ class InProcessWorld:
         def body(rank: int) -> None:
             transport = self.transports[rank]
             context = transport.context
-            context.collective, context.algorithm, context.nbytes = collective, algorithm, nbytes
-            context.seq += 1
-            context.step = ""
-            context.timeout = self.timeout
-            context.deadline = time.monotonic() + self.timeout
+            context.begin(collective, context.seq + 1, algorithm, nbytes, self.timeout)
             try:
                 results[rank] = fn(transport)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller below

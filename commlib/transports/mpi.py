@@ -8,30 +8,21 @@ messages matched against the wrong one, and the peers time out instead of comput
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import CommTimeoutError, PeerExitedError
 from ..transport import Pending, Transfer, Transport, format_bytes
-from .mpi_types import mpi_datatype, mpi_op
+from .mpi_inline import make_inline_native
+from .mpi_natives import MPINativeCollectives, as_bytes, raise_timeout
 from .polling import wait_all
 
-__all__ = ["MPITransport", "as_bytes"]
+__all__ = ["MPITransport", "as_bytes", "raise_timeout", "run_with_deadline"]
 
 TAG_MODULUS = 32768
-
-
-def as_bytes(buf):
-    """An ``MPI.BYTE`` buffer spec over a contiguous array, without copying."""
-    return [buf.view(np.uint8), MPI.BYTE]
-
-
-def typed(buf):
-    """A typed buffer spec (for reductions) over a contiguous array, without copying."""
-    return [buf.view(np.uint8), buf.size, mpi_datatype(buf.dtype)]
 
 
 class _MPIPending(Pending):
@@ -50,99 +41,7 @@ class _MPIPending(Pending):
         transport.fail_timeout(self.requests, self.sends, self.recvs)
 
 
-class MPINativeCollectives:
-    """The MPI library's own collectives, nonblocking and waited with the group's deadline."""
-
-    def _wait_native(self, request, nbytes: int) -> None:
-        if not wait_all([request], self.context.deadline, self.peer_exited):
-            raise_timeout(self.rank, self.context,
-                          f"the MPI library's {self.context.collective} to complete",
-                          self.progress_board)
-
-    def peer_exited(self) -> bool:
-        """Can the current collective never complete because an on-node peer's process exited?"""
-        board = self.progress_board
-        return board is not None and bool(board.exited_before(self.context.seq))
-
-    def native_allreduce(self, buf, op) -> None:
-        if buf.size == 0:
-            return
-        spec = typed(buf)
-        request = self.comm.Iallreduce(MPI.IN_PLACE, spec, mpi_op(buf.dtype, op))
-        self._wait_native(request, buf.nbytes)
-
-    def native_broadcast(self, buf, root: int) -> None:
-        if buf.size == 0:
-            return
-        request = self.comm.Ibcast(as_bytes(buf), root=root)
-        self._wait_native(request, buf.nbytes)
-
-    def native_reduce(self, buf, root: int, op) -> None:
-        if buf.size == 0:
-            return
-        spec = typed(buf)
-        mop = mpi_op(buf.dtype, op)
-        if self.rank == root:
-            request = self.comm.Ireduce(MPI.IN_PLACE, spec, mop, root=root)
-        else:
-            request = self.comm.Ireduce(spec, None, mop, root=root)
-        self._wait_native(request, buf.nbytes)
-
-    def native_allgather(self, out, inp) -> None:
-        if inp.size == 0:
-            return
-        request = self.comm.Iallgather(as_bytes(inp), as_bytes(out))
-        self._wait_native(request, out.nbytes)
-
-    def native_reduce_scatter(self, out, inp, op) -> None:
-        if out.size == 0:
-            return
-        request = self.comm.Ireduce_scatter_block(
-            # mpi4py's send spec for reduce_scatter_block counts one block, not the whole input.
-            [inp.view(np.uint8), out.size, mpi_datatype(inp.dtype)], typed(out), mpi_op(inp.dtype, op)
-        )
-        self._wait_native(request, inp.nbytes)
-
-    def native_barrier(self) -> None:
-        self._wait_native(self.comm.Ibarrier(), 0)
-
-    def native_gather(self, out, inp, root: int) -> None:
-        if inp.size == 0:
-            return
-        request = self.comm.Igather(as_bytes(inp), as_bytes(out) if self.rank == root else None, root=root)
-        self._wait_native(request, inp.nbytes)
-
-    def native_scatter(self, out, inp, root: int) -> None:
-        if out.size == 0:
-            return
-        request = self.comm.Iscatter(as_bytes(inp) if self.rank == root else None, as_bytes(out), root=root)
-        self._wait_native(request, out.nbytes)
-
-    def native_alltoall(self, out, inp) -> None:
-        if inp.size == 0:
-            return
-        # mpi4py divides a [buffer, BYTE] spec into one block per rank.
-        self._wait_native(self.comm.Ialltoall(as_bytes(inp), as_bytes(out)), inp.nbytes)
-
-    def native_alltoallv(self, out, inp, out_counts, in_counts) -> None:
-        itemsize = inp.itemsize
-        send_counts = [count * itemsize for count in in_counts]
-        recv_counts = [count * itemsize for count in out_counts]
-        request = self.comm.Ialltoallv(
-            [inp.view(np.uint8), (send_counts, _displacements(send_counts)), MPI.BYTE],
-            [out.view(np.uint8), (recv_counts, _displacements(recv_counts)), MPI.BYTE])
-        self._wait_native(request, inp.nbytes)
-
-
-def _displacements(counts):
-    offsets, total = [], 0
-    for count in counts:
-        offsets.append(total)
-        total += count
-    return offsets
-
-
-class MPITransport(Transport, MPINativeCollectives):
+class MPITransport(MPINativeCollectives, Transport):
     xp = np
 
     def __init__(self, comm: MPI.Comm):
@@ -161,6 +60,31 @@ class MPITransport(Transport, MPINativeCollectives):
         requests = [comm.Irecv(as_bytes(buf), source=peer, tag=tag) for buf, peer in recvs]
         requests += [comm.Isend(as_bytes(buf), dest=peer, tag=tag) for buf, peer in sends]
         return _MPIPending(self, requests, sends, recvs)
+
+    def inline_native(self, collective: str, timeout: float):
+        """See :mod:`.mpi_inline`."""
+        return make_inline_native(self, collective, timeout)
+
+    # -- communicators --------------------------------------------------------------------------
+    def split(self, member: bool, key: int):
+        """``MPI_Comm_split`` of this transport's communicator: the new communicator of the ranks
+        with ``member`` (ordered by ``key``), None on the others. Collective and blocking (MPI has
+        no nonblocking split): it runs on a helper thread, so a peer that never arrives ends in
+        ``CommTimeoutError`` at the context's deadline instead of a hang."""
+        color = 0 if member else MPI.UNDEFINED
+        created = {}
+
+        def split():
+            created["comm"] = split_communicator(self.comm, color, key)
+
+        run_with_deadline(split, self, "MPI to create the group (MPI_Comm_split)")
+        comm = created["comm"]
+        return None if comm == MPI.COMM_NULL else comm
+
+    def free_communicator(self) -> None:
+        """Free the communicator (local: ``MPI_Comm_free`` waits for no peer). Idempotent."""
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
 
     def fail_timeout(self, requests, sends, recvs) -> None:
         """Cancel what is still pending (so no late message lands in a user buffer) and raise."""
@@ -184,19 +108,33 @@ class MPITransport(Transport, MPINativeCollectives):
                       self.progress_board)
 
 
-def raise_timeout(rank: int, ctx, waiting_for: str, board=None) -> None:
-    """Raise ``CommTimeoutError``, or ``PeerExitedError`` when the wait ended because a peer exited."""
-    peers = f" [{board.laggards(ctx.seq, ctx.collective)}]" if board is not None else ""
-    gone = board.exited_before(ctx.seq) if board is not None else []
-    if gone:
-        waited = ctx.timeout - max(0.0, ctx.deadline - time.monotonic())
-        raise PeerExitedError(
-            f"rank {rank}: {ctx.describe()} cannot complete: rank{'s' if len(gone) > 1 else ''} "
-            f"{', '.join(map(str, gone))} exited before joining it (seen after {waited:.2g} s "
-            f"waiting for {waiting_for}){peers}"
-        )
-    raise CommTimeoutError(
-        f"rank {rank}: {ctx.describe()} timed out after {ctx.timeout:g} s waiting for "
-        f"{waiting_for}{peers}"
-    )
+def split_communicator(comm, color: int, key: int):
+    """``MPI_Comm_split`` (blocking; :meth:`MPITransport.split` runs it with a deadline). A module
+    function so that the fault tests can make one rank skip it or hang in it."""
+    return comm.Split(color, key)
 
+
+def run_with_deadline(blocking_call, transport, waiting_for: str) -> None:
+    """Run a blocking collective MPI call on a helper thread; raise at the context's deadline.
+
+    A peer that agreed to the call and then never arrived (it died, or hangs) would block the
+    call forever; instead the caller gets ``CommTimeoutError`` naming the peers (the group is
+    poisoned by it) and the helper thread is left behind in MPI (the job is ending: the error
+    aborts it unless caught).
+    """
+    outcome = {}
+
+    def run():
+        try:
+            blocking_call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            outcome["error"] = exc
+
+    context = transport.context
+    helper = threading.Thread(target=run, name=f"commlib-{context.collective}-{context.seq}", daemon=True)
+    helper.start()
+    helper.join(max(0.0, context.deadline - time.monotonic()))
+    if helper.is_alive():
+        raise_timeout(transport.rank, context, waiting_for, transport.progress_board)
+    if "error" in outcome:
+        raise outcome["error"]

@@ -411,7 +411,7 @@ class SharedMemoryTransport(Transport):
     def _current_context(self):
         context = self.context
         if self.inline_seq > context.seq:  # the deadline counts from now: microseconds late
-            context.set("allreduce", self.inline_seq, "shm_oneshot", self.inline_nbytes, self.inline_timeout)
+            context.begin("allreduce", self.inline_seq, "shm_oneshot", self.inline_nbytes, self.inline_timeout)
         return context
 
     def _who(self, peer: int) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 
 import commlib
 from commlib import InvalidUsageError, ReduceOp
+from inline_checks import check_inline_path
 from verdict import DTYPES, OPS, Checker
 
 
@@ -101,6 +102,7 @@ def main():
     else:
         check.check(sub is None, "non-member gets None from new_group")
 
+    check_inline_path(pg, check)
     check.check(commlib.world() is pg and commlib.init() is pg, "init is idempotent")
     check.finish()
 

@@ -54,7 +54,7 @@ if mode in ("exception", "exit", "kill"):
 
 if mode in ("new_group_exit", "new_group_hang"):
     if rank == 1:
-        import commlib.group
+        import commlib.transports.mpi
 
         from mpi4py import MPI
 
@@ -63,7 +63,7 @@ if mode in ("new_group_exit", "new_group_hang"):
                 return MPI.COMM_NULL  # skip the split: rank 1 goes on to exit normally
             time.sleep(timeout + 30)  # hangs where the peers wait in MPI_Comm_split
 
-        commlib.group._split_communicator = fail_instead_of_splitting
+        commlib.transports.mpi.split_communicator = fail_instead_of_splitting
     pg.new_group([0, 1])
     if rank == 1:
         sys.exit(0)  # through the interpreter and MPI_Finalize, status 0: mpiexec sees no failure

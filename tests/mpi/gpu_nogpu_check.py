@@ -184,8 +184,7 @@ def check_host_staged(check, comm):
 
     def begin(name):
         seq[0] += 1
-        ctx.collective, ctx.seq, ctx.timeout = name, seq[0], 30.0
-        ctx.deadline = time.monotonic() + 30.0
+        ctx.begin(name, seq[0], "native", 0, 30.0)
 
     stacked = lambda count, dtype: np.stack([rank_values(r, count, np.float64) for r in range(size)])  # noqa: E731
     for count in sorted({0, 1, size, 7 * size + 3}):
