@@ -34,6 +34,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .ops import ReduceOp
 from .benchtools import bus_factor, parse_size, resolve_dtype, time_interleaved
 
 __all__ = ["main", "parse_size", "COLLECTIVES", "BASELINES"]
@@ -126,7 +127,9 @@ class Setup:
         self.rank, self.size = rank, size
         block = max(1, count // size)
         datatype, mpi_op = mpi_reduction(dtype, op) if collective in REDUCING else (None, None)
-        commlib_op = op.upper()
+        # The enum member, as a program passes it (a string takes the general path: the inline
+        # small-message paths test the op by identity).
+        commlib_op = ReduceOp.coerce(op)
         if collective in ("allreduce", "broadcast", "reduce"):
             self.count = count
             source = ROOT if collective == "broadcast" else rank
