@@ -34,6 +34,7 @@ from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
 from .p2p import PointToPoint, PointToPointMethods
 from .transports.mpi import MPITransport, raise_timeout
+from .transports.polling import polls_per_yield
 from .transports.mpi_types import MPI_PREDEFINED
 from .validation import array_kind, check_buffer, check_root, check_timeout
 
@@ -44,7 +45,6 @@ _AVG = ReduceOp.AVG
 _MIN = ReduceOp.MIN
 _MAX = ReduceOp.MAX
 # Polls of a small inline allreduce before the yielding, deadline-checking wait takes over.
-INLINE_SPINS = 16
 
 
 class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
@@ -298,7 +298,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
                 progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
             if self.size > 1 and buf.size:
                 request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, buf.size, datatype], mpi_reduce_op)
-                spins = INLINE_SPINS
+                spins = polls_per_yield()  # one when ranks outnumber cores: yield at once
                 while not request.Test():
                     spins -= 1
                     if not spins:
