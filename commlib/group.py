@@ -119,6 +119,9 @@ class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, 
         check_op(op, flat.dtype, "allreduce")
         name = self.resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray,
                                       symmetric=algorithm == "auto" and self._is_symmetric(flat))
+        if (name == "native" and algorithm == "auto" and not async_op and buf.__class__ is np.ndarray
+                and self._small_fast_path_ok and self._allreduce_inline(buf, op)):
+            return None  # "auto" means the library's own above the small sizes too (across hosts)
         fn = _algorithms.get_algorithm(name)
         size, segment_bytes = self.size, self.segment_bytes
         shared = self._shared_memory_for(name, buf) if getattr(fn, "requires_shared_memory", False) else None

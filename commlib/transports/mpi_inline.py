@@ -12,13 +12,15 @@ general path does, yielding the core, giving up on a peer that exited, timing ou
 same errors.
 
 The polls do not yield: at two ranks on two cores a ``sched_yield`` in the first microseconds
-cost 0.2 us; where ranks share a core, the ordinary wait yields after them.
+cost 0.2 us. Where the job's ranks outnumber the machine's cores (:mod:`commlib.machine`) there
+is one poll, and the ordinary wait, which then yields after every poll, takes over at once.
 """
 
 from __future__ import annotations
 
 from mpi4py import MPI
 
+from ..machine import oversubscribed
 from ..progress_board import CODE_BITS, COLLECTIVE_CODES
 from .mpi_natives import as_bytes, reduce_scatter_specs, reduction
 from .mpi_types import MPI_PREDEFINED
@@ -44,17 +46,18 @@ def make_inline_native(transport, collective: str, timeout: float):
         context.begin(collective, seq, "native", nbytes, timeout)
         transport._wait_native(request)
 
-    return make(transport, transport.comm, slot, started, finish)
+    polls = range(1 if oversubscribed() else INLINE_POLLS)
+    return make(transport, transport.comm, slot, started, finish, polls)
 
 
-def _allreduce(transport, comm, slot, started, finish):
+def _allreduce(transport, comm, slot, started, finish, polls):
     def allreduce(seq, buf, op):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
         spec, mpi_op = reduction(buf, op)
         request = comm.Iallreduce(IN_PLACE, spec, mpi_op)
         test = request.Test
-        for _ in range(INLINE_POLLS):
+        for _ in polls:
             if test():
                 return
         finish(request, seq, buf.nbytes)
@@ -62,13 +65,13 @@ def _allreduce(transport, comm, slot, started, finish):
     return allreduce
 
 
-def _broadcast(transport, comm, slot, started, finish):
+def _broadcast(transport, comm, slot, started, finish, polls):
     def broadcast(seq, buf, root):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
         request = comm.Ibcast([buf, BYTE] if buf.dtype in MPI_PREDEFINED else as_bytes(buf), root)
         test = request.Test
-        for _ in range(INLINE_POLLS):
+        for _ in polls:
             if test():
                 return
         finish(request, seq, buf.nbytes)
@@ -76,7 +79,7 @@ def _broadcast(transport, comm, slot, started, finish):
     return broadcast
 
 
-def _reduce(transport, comm, slot, started, finish):
+def _reduce(transport, comm, slot, started, finish, polls):
     rank = transport.rank
 
     def reduce(seq, buf, root, op):
@@ -88,7 +91,7 @@ def _reduce(transport, comm, slot, started, finish):
         else:
             request = comm.Ireduce(spec, None, mpi_op, root)
         test = request.Test
-        for _ in range(INLINE_POLLS):
+        for _ in polls:
             if test():
                 return
         finish(request, seq, buf.nbytes)
@@ -96,13 +99,13 @@ def _reduce(transport, comm, slot, started, finish):
     return reduce
 
 
-def _allgather(transport, comm, slot, started, finish):
+def _allgather(transport, comm, slot, started, finish, polls):
     def allgather(seq, out, inp):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
         request = comm.Iallgather(as_bytes(inp), as_bytes(out))
         test = request.Test
-        for _ in range(INLINE_POLLS):
+        for _ in polls:
             if test():
                 return
         finish(request, seq, out.nbytes)
@@ -110,13 +113,13 @@ def _allgather(transport, comm, slot, started, finish):
     return allgather
 
 
-def _reduce_scatter(transport, comm, slot, started, finish):
+def _reduce_scatter(transport, comm, slot, started, finish, polls):
     def reduce_scatter(seq, out, inp, op):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
         request = comm.Ireduce_scatter_block(*reduce_scatter_specs(out, inp, op))
         test = request.Test
-        for _ in range(INLINE_POLLS):
+        for _ in polls:
             if test():
                 return
         finish(request, seq, inp.nbytes)
@@ -124,14 +127,14 @@ def _reduce_scatter(transport, comm, slot, started, finish):
     return reduce_scatter
 
 
-def _alltoall(transport, comm, slot, started, finish):
+def _alltoall(transport, comm, slot, started, finish, polls):
     def alltoall(seq, out, inp):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
         # mpi4py divides a [buffer, BYTE] spec into one block per rank.
         request = comm.Ialltoall(as_bytes(inp), as_bytes(out))
         test = request.Test
-        for _ in range(INLINE_POLLS):
+        for _ in polls:
             if test():
                 return
         finish(request, seq, inp.nbytes)
@@ -139,7 +142,7 @@ def _alltoall(transport, comm, slot, started, finish):
     return alltoall
 
 
-def _gather(transport, comm, slot, started, finish):
+def _gather(transport, comm, slot, started, finish, polls):
     rank, size = transport.rank, transport.size
 
     def gather(seq, out, inp, root):
@@ -147,7 +150,7 @@ def _gather(transport, comm, slot, started, finish):
             slot[0] = (seq << CODE_BITS) | started
         request = comm.Igather(as_bytes(inp), as_bytes(out) if rank == root else None, root)
         test = request.Test
-        for _ in range(INLINE_POLLS):
+        for _ in polls:
             if test():
                 return
         finish(request, seq, inp.nbytes * size)
@@ -155,7 +158,7 @@ def _gather(transport, comm, slot, started, finish):
     return gather
 
 
-def _scatter(transport, comm, slot, started, finish):
+def _scatter(transport, comm, slot, started, finish, polls):
     rank, size = transport.rank, transport.size
 
     def scatter(seq, out, inp, root):
@@ -163,7 +166,7 @@ def _scatter(transport, comm, slot, started, finish):
             slot[0] = (seq << CODE_BITS) | started
         request = comm.Iscatter(as_bytes(inp) if rank == root else None, as_bytes(out), root)
         test = request.Test
-        for _ in range(INLINE_POLLS):
+        for _ in polls:
             if test():
                 return
         finish(request, seq, out.nbytes * size)
@@ -171,13 +174,13 @@ def _scatter(transport, comm, slot, started, finish):
     return scatter
 
 
-def _barrier(transport, comm, slot, started, finish):
+def _barrier(transport, comm, slot, started, finish, polls):
     def barrier(seq):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
         request = comm.Ibarrier()
         test = request.Test
-        for _ in range(INLINE_POLLS):
+        for _ in polls:
             if test():
                 return
         finish(request, seq, 0)
