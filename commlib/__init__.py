@@ -24,8 +24,8 @@ from .ops import ReduceOp
 from .p2p import ANY_SOURCE
 from .runtime import empty, init, is_initialized, shutdown, world
 from .topology import Topology
-from .transport import Pending, Transport
-from .transport_view import RankView
+from .transports.interface import Pending, Transport
+from .transports.view import RankView
 from .work import Work
 
 __version__ = "0.1.0"

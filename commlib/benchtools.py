@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from .transport import format_bytes
+from .transports.interface import format_bytes
 
 __all__ = ["parse_size", "format_size", "resolve_dtype", "time_interleaved", "step_in_turn", "bus_factor",
            "BUS_FACTORS"]

@@ -33,7 +33,7 @@ from .errors import CommError, InvalidUsageError
 from .ops import DTYPE_IS_FLOAT, SUPPORTED_DTYPE_NAMES, ReduceOp
 from .shared_memory import map_host_files, populate, release
 from .symmetric_heap import SymmetricHeap
-from .transport import format_bytes
+from .transports.interface import format_bytes
 from .transports.shm import SegmentLayout, SharedMemoryTransport
 
 __all__ = ["HostMemory", "open_host_memory"]

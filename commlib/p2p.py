@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .errors import CommError, CommTimeoutError, GroupAbortedError, InvalidUsageError
-from .transport import format_bytes
+from .transports.interface import format_bytes
 from .transports.mpi import as_bytes
 from .transports.polling import MAX_SLEEP_SECONDS, SLEEP_AFTER_SECONDS, polls_per_yield, wait_all
 from .validation import array_kind, check_buffer, check_peer, check_tag, check_timeout

@@ -16,7 +16,7 @@ from commlib.algorithms import get_algorithm
 from commlib.algorithms.hierarchical import MIN_PIECE_BYTES, PIECES, cross_algorithm, shard_plan
 from commlib.algorithms.partition import segment_count, segment_elements, split_bounds
 from commlib.topology import Topology
-from commlib.transport_view import RankView
+from commlib.transports.view import RankView
 from commlib.transports.inprocess import InProcessWorld
 from test_schedules import DTYPES, OPS, closed_form, dtype_of, rank_values
 

@@ -2,7 +2,7 @@
 
 Every collective has its own table of algorithms, ``"native"`` (the transport library's own:
 ``MPI_Bcast``, ``ncclAllGather``, ...) among them. An algorithm is a function written against the
-:class:`commlib.transport.Transport` it is given, and nothing else (no mpi4py, no cupy: the array
+:class:`commlib.transports.interface.Transport` it is given, and nothing else (no mpi4py, no cupy: the array
 module is ``transport.xp``). Buffers are flat, C-contiguous 1-D arrays of one dtype; sizes are in
 elements. Every algorithm must work at every world size 1..N and every size (0 and sizes below
 the world size included), and take ``segment_bytes`` (the pipeline knob) as a keyword even if it

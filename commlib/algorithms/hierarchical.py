@@ -42,7 +42,7 @@ import threading
 from typing import List, NamedTuple, Tuple
 
 from ..ops import ReduceOp
-from ..transport_view import RankView
+from ..transports.view import RankView
 from .partition import Span, split_bounds
 from .ring_phases import ring_allgather, ring_reduce_scatter
 

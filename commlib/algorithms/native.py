@@ -3,7 +3,7 @@
 The baseline every schedule in this package is measured against. The transport implements them,
 since only the transport knows its library; where a library has no such collective (NCCL has no
 gather, scatter or alltoall) the transport's default posts every transfer of the collective at
-once (see :class:`commlib.transport.Transport`). On one rank they are local copies, so the
+once (see :class:`commlib.transports.interface.Transport`). On one rank they are local copies, so the
 libraries are never asked for a collective of one.
 """
 

@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import CommTimeoutError, GroupAbortedError, InvalidUsageError
-from ..transport import format_bytes
+from ..transports.interface import format_bytes
 from .device import import_cupy, probe_local_gpus
 from .preflight import TRANSPORTS, GpuSetupError, RankRecord, decide, exchange_records
 from .watchdog import Watchdog
@@ -113,12 +113,12 @@ class GpuBackend:
         self.device = devices[group.rank]
         self.comm_stream = CommStream(cupy, self.device)
         if self.kind == "nccl":
-            from .nccl_transport import NCCLTransport, create_communicator
+            from ..transports.nccl import NCCLTransport, create_communicator
 
             communicator = create_communicator(cupy, group.comm, self.device, group.timeout)
             self.transport = NCCLTransport(cupy, communicator, group.rank, group.size, self.comm_stream)
         else:
-            from .host_staged import CupyStager, HostStagedTransport
+            from ..transports.host_staged import CupyStager, HostStagedTransport
 
             self.transport = HostStagedTransport(group.comm, CupyStager(cupy, self.comm_stream))
             # Host-staged MPI timeouts then name the laggard ranks, as the CPU path's do.
@@ -179,7 +179,7 @@ class GpuBackend:
         dtype = fingerprint.dtype
         if self.kind != "nccl" or dtype is None:
             return
-        from .nccl_transport import nccl_reduce_dtype_ok
+        from ..transports.nccl import nccl_reduce_dtype_ok
 
         typed = collective in _TYPED_NATIVES or (collective == "allreduce" and algorithm == "native")
         if typed and not nccl_reduce_dtype_ok(dtype):

@@ -1,6 +1,6 @@
 """An in-process transport: ``p`` ranks as ``p`` threads of one process, for fast schedule tests.
 
-It implements the :class:`commlib.transport.Transport` interface with per-pair mailboxes, so an
+It implements the :class:`commlib.transports.interface.Transport` interface with per-pair mailboxes, so an
 algorithm runs unchanged at any world size in milliseconds, and it can record every send
 (step label, source, destination, bytes) for structural tests of a schedule.
 
@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import CommError, CommTimeoutError
 from ..ops import ReduceOp
 from ..topology import Topology
-from ..transport import Pending, Transfer, Transport, format_bytes
+from .interface import Pending, Transfer, Transport, format_bytes
 
 __all__ = ["InProcessWorld", "InProcessTransport", "SendRecord"]
 

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..transport import Pending, Transfer, Transport, format_bytes
+from .interface import Pending, Transfer, Transport, format_bytes
 from .mpi_inline import make_inline_native
 from .mpi_natives import MPINativeCollectives, as_bytes, raise_timeout
 from .polling import wait_all

@@ -51,7 +51,7 @@ from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, Inval
 from ..machine import cores_available, oversubscribed
 from ..ops import DTYPE_IS_FLOAT, ReduceOp, ufunc_name
 from ..shared_memory import PAGE_BYTES, fence, fence_lock
-from ..transport import Pending, Transfer, Transport, format_bytes
+from .interface import Pending, Transfer, Transport, format_bytes
 
 __all__ = ["SharedMemoryTransport", "SegmentLayout", "kind_code"]
 

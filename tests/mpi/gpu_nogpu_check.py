@@ -21,7 +21,7 @@ import commlib
 from commlib import InvalidUsageError, ReduceOp
 from commlib.algorithms import algorithm_names, get_algorithm
 from commlib.gpu.device import LocalGpus
-from commlib.gpu.host_staged import HostStagedTransport
+from commlib.transports.host_staged import HostStagedTransport
 from commlib.gpu.preflight import GpuSetupError, RankRecord, decide, exchange_records
 from verdict import Checker
 

@@ -1,6 +1,6 @@
 """A transport over a subset of another transport's ranks: how a schedule runs on part of a group.
 
-``RankView(parent, members)`` is a :class:`commlib.transport.Transport` whose rank ``i`` is the
+``RankView(parent, members)`` is a :class:`commlib.transports.interface.Transport` whose rank ``i`` is the
 parent's rank ``members[i]``. Sends and receives are translated to parent ranks and go through
 the parent's ``post``, so they carry the parent's tag (the collective's sequence number), its
 deadline and its error messages, which name the real ranks. Local work (``reduce``, ``copy``)
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .transport import Pending, Transfer, Transport
+from .interface import Pending, Transfer, Transport
 
 __all__ = ["RankView"]
 

@@ -1,4 +1,4 @@
-"""The transport interface: the only thing a collective algorithm may talk to.
+"""The transport interface: the only thing a collective algorithm, or the group, may talk to.
 
 An algorithm (``commlib/algorithms/*.py``) is a *schedule*: which slice of the buffer goes to
 which peer at which step, and when partial results are combined. It never imports mpi4py or
@@ -27,6 +27,18 @@ cupy. It sees a :class:`Transport`, which offers
 * ``host_shared_memory``: None, or a shared-memory transport over this rank's peers on its host
   when the group spans hosts and has mapped their memory (the hierarchical allreduce runs its
   intra-host phases there, see :mod:`commlib.host_memory`).
+* ``context`` (what the group is running: collective, sequence number, deadline; waits and
+  error messages read it) and ``step(label)``, which names the schedule's step in it;
+* ``memo``: a per-transport dict where an algorithm keeps what it derives once (views, plans).
+
+And what the group itself uses, besides the above:
+
+* ``progress_board``: set by the group; waits read it to name laggards and to give up when a
+  peer's process exited;
+* ``inline_native(collective, timeout)``: a cheap ``run(seq, *args)`` for the group's
+  small-message fast path (:mod:`commlib.group_inline`), or None (the default);
+* ``split(member, key)`` and ``free_communicator()``: the group's sub-groups and its teardown
+  (MPI: ``MPI_Comm_split``, ``MPI_Comm_free``), so that the group never calls the library.
 
 Sends and receives are ``(buffer_slice, peer)`` pairs; slices must be contiguous views of
 1-D arrays. Between ``post`` and ``wait`` an algorithm may do local work (reduce the previous
@@ -40,8 +52,8 @@ import dataclasses
 import time
 from typing import Sequence, Tuple
 
-from .ops import ReduceOp, reduce_into, reduce_ordered
-from .topology import Topology
+from ..ops import ReduceOp, reduce_into, reduce_ordered
+from ..topology import Topology
 
 __all__ = ["Transport", "Pending", "CompletedPending", "CollectiveContext", "Transfer"]
 
@@ -93,22 +105,42 @@ class CompletedPending(Pending):
 
 
 class Transport(abc.ABC):
+    """Everything an algorithm, and the group, may use of a transport (see the module docstring).
+
+    An implementation sets ``rank``, ``size`` and ``xp``, implements :meth:`post`, and overrides
+    what its library does better than the defaults here. The ``shm_*`` algorithms need more
+    (the peers' memory): they are written against :class:`commlib.transports.shm.
+    SharedMemoryTransport`, which adds those operations, and say so with
+    ``requires_shared_memory``.
+    """
+
+    #: This rank's number among the transport's ranks, and how many there are.
     rank: int
     size: int
-    xp: object  # the array module
+    #: The array module of the buffers (numpy; cupy on GPU): scratch buffers and the local reduce.
+    xp: object
+    #: Whether two threads may post at once, to disjoint pairs of ranks (MPI: yes, messages match
+    #: per pair and tag; NCCL: no, every rank must call in one order).
     concurrent_posts: bool = False
+    #: Set by the group: None, or a shared-memory transport over this rank's peers on its host
+    #: when the group spans hosts and mapped their memory (hierarchical's intra-host phases).
     host_shared_memory = None
+    #: Set by the group: its :class:`commlib.progress_board.ProgressBoard` (who started which
+    #: collective), which waits read to name laggards and to give up on a peer that exited.
     progress_board = None
 
     def __init__(self) -> None:
+        #: What the group is doing now (collective, sequence number, deadline): the group sets
+        #: it before each collective; waits read the deadline, errors quote it.
         self.context = CollectiveContext()
         self._scratch = {}
-        self.memo = {}  # what an algorithm derives once per transport (views, plans), by its own keys
+        #: What an algorithm derives once per transport (views, plans), under its own keys.
+        self.memo = {}
         self._topology = None
 
     @property
     def topology(self) -> Topology:
-        """Which ranks share a host; one host when nobody said otherwise."""
+        """Which ranks share a host (set by the group); one host when nobody said otherwise."""
         topology = self._topology
         if topology is None or topology.size != self.size:
             return Topology.single_host(self.rank, self.size)
@@ -124,6 +156,7 @@ class Transport(abc.ABC):
         """Start all ``sends`` and ``recvs`` of one step; complete them with ``wait()``."""
 
     def exchange(self, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()) -> None:
+        """One step, waited: ``post(sends, recvs).wait()``."""
         self.post(sends, recvs).wait()
 
     def send(self, buf, peer: int) -> None:
@@ -147,6 +180,37 @@ class Transport(abc.ABC):
         default, None, leaves every call to the general path.
         """
         return None
+
+    # -- the library's own collectives (the "native" algorithms) -----------------------------
+    # Every transport that runs whole collectives implements these six (MPI, NCCL, host-staged,
+    # in-process); views and the shared-memory transport, which only carry schedules, do not.
+    def native_allreduce(self, buf, op: ReduceOp) -> None:
+        """``buf`` becomes the reduction of every rank's, in place."""
+        self._no_native("allreduce")
+
+    def native_broadcast(self, buf, root: int) -> None:
+        """Every rank's ``buf`` becomes ``root``'s."""
+        self._no_native("broadcast")
+
+    def native_reduce(self, buf, root: int, op: ReduceOp) -> None:
+        """``root``'s ``buf`` becomes the reduction of every rank's; the others' stay as they were."""
+        self._no_native("reduce")
+
+    def native_allgather(self, out, inp) -> None:
+        """``out`` (``size`` blocks of ``inp.size``) gets every rank's ``inp``, rank-major."""
+        self._no_native("allgather")
+
+    def native_reduce_scatter(self, out, inp, op: ReduceOp) -> None:
+        """Rank ``r``'s ``out`` gets block ``r`` of the reduction of every rank's ``inp``."""
+        self._no_native("reduce_scatter")
+
+    def native_barrier(self) -> None:
+        """Returns once every rank entered it."""
+        self._no_native("barrier")
+
+    def _no_native(self, collective: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no native {collective} (it carries "
+                                  f"schedules only); use a schedule, or the group's own transport")
 
     # -- the library's collectives that not every library has: one step of every transfer ------
     def native_gather(self, out, inp, root: int) -> None:
@@ -197,6 +261,7 @@ class Transport(abc.ABC):
             reduce_into(self.xp, dst, src, op)
 
     def copy(self, dst, src) -> None:
+        """``dst[...] = src`` on the transport's device (and stream)."""
         dst[...] = src
 
     def scratch(self, count: int, dtype, slot: int = 0):
@@ -209,14 +274,27 @@ class Transport(abc.ABC):
         return buf[:count]
 
     def release_scratch(self) -> None:
+        """Drop the scratch buffers and the memo (at close)."""
         self._scratch.clear()
         self.memo.clear()
+
+    # -- the group's ranks ------------------------------------------------------------------
+    def split(self, member: bool, key: int):
+        """Collective: what a new group of the ranks with ``member`` (ordered by ``key``) is built
+        on (MPI: its communicator), None on the other ranks. Blocking, but bounded by the
+        context's deadline. Only transports a group is created over implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot create sub-groups")
+
+    def free_communicator(self) -> None:
+        """Release what ties the transport to its ranks (MPI: the communicator), last, at the
+        group's close. Local and idempotent; nothing by default."""
 
     def step(self, label: str) -> None:
         """Name the current step of the schedule, for error messages."""
         self.context.step = label
 
     def close(self) -> None:
+        """Release the transport's buffers (not its ranks: :meth:`free_communicator`)."""
         self.release_scratch()
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..transport import Pending, Transport
-from ..transports.mpi import MPITransport
+from .interface import Pending, Transport
+from .mpi import MPITransport
 
 __all__ = ["HostStagedTransport", "CupyStager"]
 
