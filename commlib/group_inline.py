@@ -24,17 +24,15 @@ from .ops import DTYPE_IS_FLOAT, ReduceOp
 __all__ = ["InlineNativeMethods", "set_up_inline_natives", "INLINE_MAX_BYTES", "INLINE_COLLECTIVES"]
 
 # The buffers go to the transport as they are (any shape, C-contiguous): MPI takes them whole.
-
 # Largest message (as auto keys it) run inline: it holds the issue lock while it runs, so a
 # thread that issues meanwhile waits for it instead of queueing; keep that to microseconds.
 INLINE_MAX_BYTES = 64 << 10
 INLINE_COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall",
                       "gather", "scatter", "barrier")
 _SUM, _MIN, _MAX = ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX
-# The ops whose MPI reduction needs nothing after it (AVG divides), by object and by name.
-_INLINE_OPS = {_SUM: _SUM, _MIN: _MIN, _MAX: _MAX, "sum": _SUM, "min": _MIN, "max": _MAX,
-               "SUM": _SUM, "MIN": _MIN, "MAX": _MAX}
-
+# The ops whose reduction needs nothing after it (AVG divides), by name; members are matched by
+# identity, since hashing an Enum member runs Python code (0.3 us).
+_INLINE_OP_NAMES = {"sum": _SUM, "min": _MIN, "max": _MAX, "SUM": _SUM, "MIN": _MIN, "MAX": _MAX}
 
 _NEVER = {collective: -1 for collective in INLINE_COLLECTIVES}
 
@@ -147,11 +145,10 @@ class InlineNativeMethods:
 
 
 def _inline_op(op):
-    """The ReduceOp for ``op`` if the fast path takes it, else None (unhashable input included)."""
-    try:
-        return _INLINE_OPS.get(op)
-    except TypeError:
-        return None
+    """The ReduceOp for ``op`` if the fast path takes it, else None."""
+    if op is _SUM or op is _MAX or op is _MIN:
+        return op
+    return _INLINE_OP_NAMES.get(op) if op.__class__ is str else None
 
 
 def _plain_input(inp) -> bool:
@@ -166,7 +163,15 @@ def _plain_output(out) -> bool:
 
 
 def _plain_pair(out, inp) -> bool:
-    """Both plain numpy, one supported dtype, usable in place, surely apart in memory (bounds
-    test; what it cannot rule out goes to the general path's exact check)."""
-    return (out.__class__ is np.ndarray and inp.__class__ is np.ndarray and out.dtype is inp.dtype
-            and _plain_output(out) and inp.flags.c_contiguous and not np.may_share_memory(out, inp))
+    """Both plain numpy, one supported dtype, usable in place, and apart in memory: two arrays
+    that own their data are separate allocations; otherwise numpy's bounds test, and what it
+    cannot rule out goes to the general path's exact check."""
+    if out.__class__ is not np.ndarray or inp.__class__ is not np.ndarray or out.dtype is not inp.dtype:
+        return False
+    out_flags, inp_flags = out.flags, inp.flags
+    if not (out_flags.c_contiguous and out_flags.writeable and inp_flags.c_contiguous
+            and out.dtype in DTYPE_IS_FLOAT):
+        return False
+    if out_flags.owndata and inp_flags.owndata:
+        return out is not inp
+    return not np.may_share_memory(out, inp)

@@ -23,7 +23,7 @@ from mpi4py import MPI
 from ..machine import oversubscribed
 from ..progress_board import CODE_BITS, COLLECTIVE_CODES
 from .mpi_natives import as_bytes, reduce_scatter_specs, reduction
-from .mpi_types import MPI_PREDEFINED
+from .mpi_types import MPI_PREDEFINED as PLAIN  # dtypes whose arrays export a plain buffer
 
 __all__ = ["make_inline_native", "INLINE_POLLS"]
 
@@ -69,7 +69,7 @@ def _broadcast(transport, comm, slot, started, finish, polls):
     def broadcast(seq, buf, root):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
-        request = comm.Ibcast([buf, BYTE] if buf.dtype in MPI_PREDEFINED else as_bytes(buf), root)
+        request = comm.Ibcast([buf, BYTE] if buf.dtype in PLAIN else as_bytes(buf), root)
         test = request.Test
         for _ in polls:
             if test():
@@ -103,7 +103,8 @@ def _allgather(transport, comm, slot, started, finish, polls):
     def allgather(seq, out, inp):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
-        request = comm.Iallgather(as_bytes(inp), as_bytes(out))
+        request = comm.Iallgather([inp, BYTE] if inp.dtype in PLAIN else as_bytes(inp),
+                                 [out, BYTE] if out.dtype in PLAIN else as_bytes(out))
         test = request.Test
         for _ in polls:
             if test():
@@ -132,7 +133,8 @@ def _alltoall(transport, comm, slot, started, finish, polls):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
         # mpi4py divides a [buffer, BYTE] spec into one block per rank.
-        request = comm.Ialltoall(as_bytes(inp), as_bytes(out))
+        request = comm.Ialltoall([inp, BYTE] if inp.dtype in PLAIN else as_bytes(inp),
+                                 [out, BYTE] if out.dtype in PLAIN else as_bytes(out))
         test = request.Test
         for _ in polls:
             if test():
@@ -148,7 +150,8 @@ def _gather(transport, comm, slot, started, finish, polls):
     def gather(seq, out, inp, root):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
-        request = comm.Igather(as_bytes(inp), as_bytes(out) if rank == root else None, root)
+        request = comm.Igather([inp, BYTE] if inp.dtype in PLAIN else as_bytes(inp),
+                               (as_bytes(out) if rank == root else None), root)
         test = request.Test
         for _ in polls:
             if test():
@@ -164,7 +167,8 @@ def _scatter(transport, comm, slot, started, finish, polls):
     def scatter(seq, out, inp, root):
         if slot is not None:
             slot[0] = (seq << CODE_BITS) | started
-        request = comm.Iscatter(as_bytes(inp) if rank == root else None, as_bytes(out), root)
+        request = comm.Iscatter(([inp, BYTE] if inp.dtype in PLAIN else as_bytes(inp)) if rank == root else None,
+                                [out, BYTE] if out.dtype in PLAIN else as_bytes(out), root)
         test = request.Test
         for _ in polls:
             if test():
