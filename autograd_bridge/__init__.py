@@ -1,4 +1,5 @@
-"""The bridge between torch and commlib: zero-copy tensor views, autograd hooks, a
+"""The bridge between torch and commlib: zero-copy tensor views, autograd hooks
+(:mod:`.autograd_hooks`: grad-ready hooks, the final callback, the graph walk), a
 ``torch.distributed`` backend named "commlib", and differentiable collectives.
 
 Importing this package registers the backend name "commlib" with ``torch.distributed``.

@@ -26,13 +26,13 @@ from .runtime import empty, init, is_initialized, shutdown, world
 from .topology import Topology
 from .transports.interface import Pending, Transport
 from .transports.view import RankView
-from .work import Work
+from .work import Work, WorkHandle
 
 __version__ = "0.1.0"
 
 __all__ = [
     "init", "world", "is_initialized", "shutdown", "empty", "algorithms", "register_algorithm",
-    "ANY_SOURCE", "ProcessGroup", "ReduceOp", "Work", "Transport", "Pending", "Topology", "RankView",
+    "ANY_SOURCE", "ProcessGroup", "ReduceOp", "Work", "WorkHandle", "Transport", "Pending", "Topology", "RankView",
     "Config", "load_config",
     "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",
     "GroupAbortedError", "PeerExitedError",

@@ -15,11 +15,36 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional, Protocol, runtime_checkable
 
 from .errors import CommTimeoutError, InvalidUsageError
 
-__all__ = ["Work"]
+__all__ = ["Work", "WorkHandle"]
+
+
+@runtime_checkable
+class WorkHandle(Protocol):
+    """What every handle of an asynchronous operation offers, whoever made it.
+
+    Implemented by :class:`Work` (collectives) and its kinds (``P2PWork``, the GPU backend's
+    ``GpuWork``), and by the handles DDP's comm hooks return (``ddp.hooks.HookWork``,
+    ``CompletedWork``); a comm hook may return one of these or a ``torch.futures.Future`` (the
+    torch-style hooks do; see ``ddp.hooks.CommHook``). The torch backend's works are torch's own
+    ``dist.Work`` (``wait``, ``is_completed``, ``get_future``), not this protocol.
+    """
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the operation completed (True), or raise its error (or a timeout)."""
+
+    def is_completed(self) -> bool:
+        """Whether it finished (successfully or not); never blocks."""
+
+    def result(self) -> Any:
+        """``wait()``, then the operation's output (the reduced buffer, the received array, ...)."""
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(handle)`` once it completed (for a collective: ordered, on the group's
+        communication thread, see :mod:`commlib.executor`)."""
 
 
 class Work:

@@ -11,6 +11,7 @@ import torch
 import commlib
 
 from .bucketing import MiB
+from .hooks import CommHook
 from .ddp_join import DDPJoinHook
 from .join import Join, Joinable
 from .reducer import Reducer
@@ -121,8 +122,9 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
         finally:
             self._require_sync = previous
 
-    def register_comm_hook(self, state, hook) -> None:
-        """Reduce each bucket with ``hook(state, bucket) -> work`` (see :mod:`ddp.hooks`).
+    def register_comm_hook(self, state, hook: CommHook) -> None:
+        """Reduce each bucket with ``hook(state, bucket)``, which returns a :class:`commlib.WorkHandle`
+        or a ``torch.futures.Future`` (see :mod:`ddp.hooks`).
 
         A ``state`` with an ``on_register(model)`` method is told which model it serves."""
         self.reducer.set_comm_hook(state, hook)

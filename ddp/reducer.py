@@ -25,12 +25,12 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from autograd_bridge import hooks as autograd_hooks
+from autograd_bridge import autograd_hooks
 from autograd_bridge.tensors import from_array, symmetric_zeros, to_array
 from commlib import ReduceOp, Work
 
 from .bucketing import BucketPlan, ParamSpec, plan_buckets
-from .hooks import GradBucket, allreduce_hook
+from .hooks import CommHook, GradBucket, HookResult, allreduce_hook
 from .stats import ByteCounter, StepStats
 from .streams import on_torch_stream
 
@@ -42,8 +42,8 @@ def param_specs(params: Sequence[torch.Tensor]) -> List[ParamSpec]:
             for p in params]
 
 
-def _wait_for_result(work):
-    """The reduced buffer of a hook's handle: a commlib ``Work``/``HookWork`` (``result()``) or a
+def _wait_for_result(work: HookResult):
+    """The reduced buffer of a hook's handle: a :class:`commlib.WorkHandle` (``result()``) or a
     ``torch.futures.Future`` (``wait()`` returns the value; torch-style hooks return ``[tensor]``)."""
     if hasattr(work, "result"):
         result = work.result()
@@ -152,7 +152,7 @@ class Reducer:
     def bucket_sizes(self) -> List[int]:
         return [bucket.nbytes for bucket in self.buckets]
 
-    def set_comm_hook(self, state, hook) -> None:
+    def set_comm_hook(self, state, hook: CommHook) -> None:
         if not callable(hook):
             raise TypeError(f"register_comm_hook: hook must be callable, got {type(hook).__name__}")
         self.comm_hook, self.comm_hook_state = hook, state

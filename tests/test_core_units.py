@@ -136,3 +136,17 @@ def test_import_needs_neither_torch_nor_cupy():
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_commlib_handle_is_a_work_handle():
+    from commlib import WorkHandle
+    from commlib.gpu.work import GpuWork
+    from commlib.p2p import P2PWork
+    from commlib.work import Work
+
+    for handle_class in (Work, P2PWork, GpuWork):
+        missing = [name for name in ("wait", "is_completed", "result", "add_done_callback")
+                   if not callable(getattr(handle_class, name, None))]
+        assert not missing, f"{handle_class.__name__} lacks {missing} of commlib.WorkHandle"
+    assert isinstance(Work("allreduce"), WorkHandle)
+    assert not isinstance(object(), WorkHandle)

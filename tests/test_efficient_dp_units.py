@@ -106,3 +106,14 @@ def test_powersgd_state_round_trips_and_refuses_other_hyperparameters():
         other.load_state_dict(state.state_dict())
     # With neither error feedback nor warm start nothing is memorised: step 0 is allowed.
     PowerSGDState(None, start_powerSGD_iter=0, use_error_feedback=False, warm_start=False)
+
+
+def test_comm_hook_results_are_work_handles_or_torch_futures():
+    from commlib import WorkHandle
+    from commlib.work import Work
+    from ddp.hooks import CompletedWork, HookWork
+
+    assert isinstance(CompletedWork(torch.zeros(2)), WorkHandle)
+    assert isinstance(HookWork(Work("allreduce"), lambda: None), WorkHandle)
+    # torch's future is the other half of HookResult: done()/then(), not our protocol
+    assert not isinstance(torch.futures.Future(), WorkHandle)

@@ -1,9 +1,11 @@
 """Communication hooks: how one bucket of gradients is reduced.
 
-A hook is ``hook(state, bucket: GradBucket) -> work``: it starts the reduction of
-``bucket.buffer()`` (asynchronously) and returns a handle with ``wait()`` and ``result()``; the
-result is the flat reduced buffer (a tensor or a numpy/cupy array, the bucket's own memory or a
-new one of the same size). The reducer waits on it at the end of backward and copies the result
+A hook is a :data:`CommHook`, ``hook(state, bucket: GradBucket) -> HookResult``: it starts the
+reduction of ``bucket.buffer()`` (asynchronously) and returns a :class:`commlib.WorkHandle`
+(``wait()``, ``is_completed()``, ``result()``, ``add_done_callback()``: a collective's ``Work``,
+or a :class:`HookWork` that finishes in the caller's thread) or, as torch's hooks do, a
+``torch.futures.Future`` whose value is the result; the result is the flat reduced buffer (a
+tensor or a numpy/cupy array, the bucket's own memory or a new one of the same size). The reducer waits on it at the end of backward and copies the result
 into the bucket if it is new memory. ``state`` is whatever was passed to ``register_comm_hook``
 (``None`` for the default hook); the built-in hooks accept a process group there.
 
@@ -16,17 +18,17 @@ decompress into the bucket when the result is asked for.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from autograd_bridge.tensors import to_array
-from commlib import ReduceOp
+from commlib import ReduceOp, WorkHandle
 
 from ..stats import ByteCounter, MeteredGroup
 
-__all__ = ["GradBucket", "HookWork", "CompletedWork", "allreduce_hook", "fp16_compress_hook",
-           "bf16_compress_hook"]
+__all__ = ["GradBucket", "HookWork", "CompletedWork", "HookResult", "CommHook", "allreduce_hook",
+           "fp16_compress_hook", "bf16_compress_hook"]
 
 
 class GradBucket:
@@ -99,6 +101,12 @@ class GradBucket:
                 f"{len(self._params)} params>")
 
 
+#: What a comm hook returns: one of our handles, or a torch future (torch-style hooks).
+HookResult = Union[WorkHandle, torch.futures.Future]
+#: ``hook(state, bucket) -> HookResult`` (``state``: what ``register_comm_hook`` was given).
+CommHook = Callable[[Any, GradBucket], HookResult]
+
+
 class HookWork:
     """A ``Work`` followed by a step (decompression) that runs in the thread that asks for the result."""
 
@@ -134,13 +142,13 @@ def _group(state, bucket: GradBucket):
     return bucket.metered(state) if state is not None else bucket.process_group
 
 
-def allreduce_hook(state, bucket: GradBucket):
+def allreduce_hook(state, bucket: GradBucket) -> WorkHandle:
     """Average the bucket in place across the group (the default)."""
     group = _group(state, bucket)
     return group.allreduce(bucket.array(), ReduceOp.AVG, algorithm=bucket.algorithm, async_op=True)
 
 
-def _compress_hook(state, bucket: GradBucket, dtype: torch.dtype):
+def _compress_hook(state, bucket: GradBucket, dtype: torch.dtype) -> WorkHandle:
     group = _group(state, bucket)
     buffer = bucket.buffer()
     # Divide before the reduction: a 16-bit sum of P gradients can overflow where their average fits.
@@ -155,12 +163,12 @@ def _compress_hook(state, bucket: GradBucket, dtype: torch.dtype):
     return HookWork(work, decompress, keepalive=compressed)
 
 
-def fp16_compress_hook(state, bucket: GradBucket):
+def fp16_compress_hook(state, bucket: GradBucket) -> WorkHandle:
     """Reduce a float16 copy of the bucket (half the bytes), then decompress into the bucket."""
     return _compress_hook(state, bucket, torch.float16)
 
 
-def bf16_compress_hook(state, bucket: GradBucket):
+def bf16_compress_hook(state, bucket: GradBucket) -> WorkHandle:
     """Like ``fp16_compress_hook`` with bfloat16: fp32's range, fewer mantissa bits."""
     return _compress_hook(state, bucket, torch.bfloat16)
 

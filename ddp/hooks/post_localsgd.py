@@ -24,7 +24,7 @@ from typing import Iterable
 
 import torch
 
-from commlib import ReduceOp
+from commlib import ReduceOp, WorkHandle
 
 from ..subgroups import host_subgroup
 from .default import CompletedWork, GradBucket
@@ -79,7 +79,7 @@ class PostLocalSGDState:
         self.iter = int(state["iter"])
 
 
-def post_localSGD_hook(state: PostLocalSGDState, bucket: GradBucket):
+def post_localSGD_hook(state: PostLocalSGDState, bucket: GradBucket) -> WorkHandle:
     """Average over the global group before ``start_localSGD_iter``, over the subgroup after."""
     if state.iter < state.start_localSGD_iter:
         state.maybe_increase_iter(bucket)

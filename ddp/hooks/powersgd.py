@@ -173,7 +173,7 @@ def _finish_in_callback(future: torch.futures.Future, first_work, finish):
     return future
 
 
-def powerSGD_hook(state: PowerSGDState, bucket: GradBucket):
+def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Future:
     """Reduce the bucket with PowerSGD (per-tensor low-rank compression); see the module docstring."""
     group = _group_of(state, bucket)
     if state.iter < state.start_powerSGD_iter:
@@ -292,7 +292,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket):
     return _finish_in_callback(torch.futures.Future(), first_work, finish)
 
 
-def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket):
+def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Future:
     """PowerSGD on the whole bucket as one zero-padded square matrix (torch's batched variant):
     less compute than :func:`powerSGD_hook`, usually less accuracy unless the rank is 1."""
     group = _group_of(state, bucket)
