@@ -74,7 +74,7 @@ class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, 
         if self.host_memory is not None and self.topology.spans_hosts:
             self.transport.host_shared_memory = self.host_memory.transport  # hierarchical's phases
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
-        self._p2p = PointToPoint(comm, timeout=self.timeout, name=name)
+        self._p2p = PointToPoint(comm, timeout=self.timeout, name=name, progress_board=self.progress)
         self._gpu = None
         self._fingerprints = None
         # A few microseconds of Python matter for small collectives: when the group is plain

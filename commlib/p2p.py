@@ -15,8 +15,10 @@ order, MPI's non-overtaking rule) and return a :class:`P2PWork`; a progress thre
 first use, tests their requests and completes the works (running their callbacks). Every
 operation has a deadline (the group's timeout, or ``timeout=``): a receive that times out is
 cancelled, so no late message lands in a buffer the caller took back, and the error names this
-rank, the peer, the tag and the bytes. Errors do not poison the group: nothing collective is
-left half done.
+rank, the peer, the tag and the bytes. A wait for a peer on this host whose process exited ends
+sooner, with :class:`PeerExitedError` (read from the group's progress board, as collective waits
+do). Errors do not poison the group: nothing collective is left half done. Buffers are numpy
+arrays: a CuPy array is refused before anything is sent.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from typing import List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .errors import CommError, CommTimeoutError, GroupAbortedError, InvalidUsageError
+from .errors import CommError, CommTimeoutError, GroupAbortedError, InvalidUsageError, PeerExitedError
 from .transports.interface import format_bytes
 from .transports.mpi import as_bytes
-from .transports.polling import MAX_SLEEP_SECONDS, SLEEP_AFTER_SECONDS, polls_per_yield, wait_all
+from .transports.polling import (GIVE_UP_CHECK_SECONDS, MAX_SLEEP_SECONDS, SLEEP_AFTER_SECONDS, polls_per_yield,
+                                 wait_all)
 from .validation import array_kind, check_buffer, check_peer, check_tag, check_timeout
 from .work import Work
 
@@ -69,9 +72,10 @@ class _Operation:
 class PointToPoint:
     """The point-to-point channel of one group (see the module docstring)."""
 
-    def __init__(self, comm: MPI.Comm, *, timeout: float, name: str):
+    def __init__(self, comm: MPI.Comm, *, timeout: float, name: str, progress_board=None):
         self.rank, self.size, self.name = comm.Get_rank(), comm.Get_size(), name
         self.timeout = timeout
+        self.progress_board = progress_board  # the group's: which on-node peers have exited
         self.comm = _dup_with_deadline(comm, timeout, name)
         # As for the group's communicator (commlib.teardown): freed when collected without
         # close(); at exit the group's close() frees it.
@@ -154,8 +158,9 @@ class PointToPoint:
     def _post(self, kind: str, buf, peer, tag, timeout) -> _Operation:
         what = f"{kind} (group {self.name!r})"
         if array_kind(buf) != "numpy":
-            raise InvalidUsageError(f"{what}: point-to-point takes numpy arrays; copy a GPU array "
-                                    f"to the host first")
+            raise InvalidUsageError(f"{what}: rank {self.rank}: point-to-point takes numpy arrays, got a "
+                                    f"{type(buf).__module__}.{type(buf).__name__} of {buf.nbytes} bytes for "
+                                    f"rank {peer}; copy a GPU array to the host first (nothing was sent)")
         flat = check_buffer(buf, kind, writable=kind == "recv")
         peer = check_peer(peer, self.size, self.rank, what, any_source=ANY_SOURCE if kind == "recv" else None)
         tag = check_tag(tag, self.tag_limit, what)
@@ -171,8 +176,14 @@ class PointToPoint:
         return _Operation(kind, number, flat, peer, tag, timeout, request)
 
     def _wait_here(self, operation: _Operation):
-        if not wait_all([operation.request], operation.deadline, statuses=[operation.status]):
-            error = self._expire(operation)
+        gone = []
+
+        def give_up() -> bool:
+            gone[:] = self._peers_gone(operation)
+            return bool(gone)
+
+        if not wait_all([operation.request], operation.deadline, give_up, statuses=[operation.status]):
+            error = self._peer_exited(operation, gone) if gone else self._expire(operation)
             if error is not None:
                 raise error
         error = self._check_received(operation)
@@ -196,6 +207,7 @@ class PointToPoint:
 
     def _progress_loop(self) -> None:
         polls, idle_since, sleep = 0, time.monotonic(), 1e-5
+        next_give_up_check = idle_since + SLEEP_AFTER_SECONDS
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
@@ -216,6 +228,12 @@ class PointToPoint:
                     finished.append((operation, self._check_received(operation)))
                 elif now >= operation.deadline:
                     finished.append((operation, self._expire(operation)))
+                elif now >= next_give_up_check:
+                    gone = self._peers_gone(operation)
+                    if gone:
+                        finished.append((operation, self._peer_exited(operation, gone)))
+            if now >= next_give_up_check:
+                next_give_up_check = now + GIVE_UP_CHECK_SECONDS
             if finished:
                 with self._lock:
                     for operation, _ in finished:
@@ -239,24 +257,50 @@ class PointToPoint:
         return (f"rank {self.rank}: {operation.kind} #{operation.number} of {format_bytes(operation.buf.nbytes)} "
                 f"{direction} {peer} (tag {operation.tag}, group {self.name!r})")
 
-    def _expire(self, operation: _Operation) -> Optional[BaseException]:
-        """Cancel a request whose deadline passed; None if it completed after all."""
+    def _take_back(self, operation: _Operation):
+        """Cancel the request: (True, error or None) if it completed after all, else (False, a note
+        for the error message when MPI could not take a send back)."""
         request = operation.request
         try:
             request.Cancel()
         except MPI.Exception:
             pass
         grace = time.monotonic() + CANCEL_GRACE_SECONDS
-        still_out = ""
         while not request.Test(operation.status):
             if time.monotonic() > grace:  # MPI could not take the send back: keep its buffer alive
                 self._abandoned.append(operation)
-                still_out = (f"; MPI could not take the message back, so a receive rank "
-                             f"{operation.peer} posts later with tag {operation.tag} will still get it")
-                break
-        else:
-            if not operation.status.Is_cancelled():
-                return self._check_received(operation)
+                return False, (f"; MPI could not take the message back, so a receive rank "
+                               f"{operation.peer} posts later with tag {operation.tag} will still get it")
+        if not operation.status.Is_cancelled():
+            return True, self._check_received(operation)
+        return False, ""
+
+    def _peers_gone(self, operation: _Operation) -> List[int]:
+        """The peers whose exit means ``operation`` can never complete (on-node ones: the board)."""
+        board = self.progress_board
+        if board is None:
+            return []
+        gone = board.exited_peers()
+        if operation.peer == ANY_SOURCE:
+            return gone if len(gone) == self.size - 1 else []
+        return [operation.peer] if operation.peer in gone else []
+
+    def _peer_exited(self, operation: _Operation, gone: List[int]) -> Optional[BaseException]:
+        completed, outcome = self._take_back(operation)
+        if completed:
+            return outcome
+        waited = operation.timeout - max(0.0, operation.deadline - time.monotonic())
+        matching = "receive" if operation.kind == "send" else "send"
+        return PeerExitedError(f"{self._describe(operation)} cannot complete: rank{'s' if len(gone) > 1 else ''} "
+                               f"{_ranks(gone)} exited without posting the matching {matching} (seen after "
+                               f"{waited:.2g} s of the {operation.timeout:g} s timeout){outcome}")
+
+    def _expire(self, operation: _Operation) -> Optional[BaseException]:
+        """Cancel a request whose deadline passed; None if it completed after all."""
+        completed, outcome = self._take_back(operation)
+        if completed:
+            return outcome
+        still_out = outcome
         waiting = "receive" if operation.kind == "send" else "send"
         peer = "any rank" if operation.peer == ANY_SOURCE else f"rank {operation.peer}"
         return CommTimeoutError(f"{self._describe(operation)} timed out after {operation.timeout:g} s "

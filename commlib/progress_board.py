@@ -149,6 +149,12 @@ class ProgressBoard:
                 gone.append(peer)
         return gone
 
+    def exited_peers(self) -> List[int]:
+        """On-node peers whose process exited (cleanly, through the interpreter's exit)."""
+        return [peer for peer, slot in enumerate(self._slots)
+                if slot is not None and peer != self.rank
+                and int(slot[0]) & ((1 << CODE_BITS) - 1) == EXITED_CODE]
+
     def _ask_remote_hosts(self):
         """Board values of the ranks on other hosts, from their witnesses; (states, why-not by host)."""
         topology = self.topology

@@ -156,10 +156,30 @@ def check_nccl_refused_on_one_gpu(check, pg):
     check.equal(cpu, np.full(2, float(pg.size)), "group still usable after the preflight error")
 
 
+def check_point_to_point_refuses_gpu_arrays(check, pg):
+    """Point-to-point is host memory only: a CuPy array is refused before anything is sent, and
+    the channel stays usable (the next, matching, host messages arrive)."""
+    if pg.size == 1:
+        return
+    peer = pg.rank ^ 1 if (pg.rank ^ 1) < pg.size else pg.rank - 1
+    device = cupy.ndarray(np.ones(3))
+    check.raises(InvalidUsageError, lambda: pg.send(device, peer), "send of a CuPy array",
+                 match="point-to-point takes numpy arrays")
+    check.raises(InvalidUsageError, lambda: pg.irecv(device, peer), "irecv into a CuPy array",
+                 match="nothing was sent")
+    if (pg.rank ^ 1) < pg.size:  # pairs (0,1), (2,3)...: a host message still goes through
+        out, got = np.full(2, float(pg.rank)), np.empty(2)
+        pending = pg.irecv(got, peer)
+        pg.send(out, peer)
+        pending.wait()
+        check.equal(got, np.full(2, float(peer)), "host message after the refusals")
+
+
 def main():
     pg = commlib.init(timeout=30, segment_bytes=64)
     attach(pg, "host_staged")
     check = Checker()
+    check_point_to_point_refuses_gpu_arrays(check, pg)
     check_host_staged(check, pg)
     if pg.size == 1:
         check_nccl_one_rank(check, pg)
