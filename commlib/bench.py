@@ -36,6 +36,7 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
+from .ops import ReduceOp
 from .benchtools import bus_factor, parse_size, resolve_dtype, time_interleaved
 
 __all__ = ["main", "parse_size", "COLLECTIVES", "BASELINES"]
@@ -128,7 +129,9 @@ class Setup:
         self.rank, self.size = rank, size
         block = max(1, count // size)
         datatype, mpi_op = mpi_reduction(dtype, op) if collective in REDUCING else (None, None)
-        commlib_op = op.upper()
+        # The enum member, as a program passes it (a string takes the general path: the inline
+        # small-message paths test the op by identity).
+        commlib_op = ReduceOp.coerce(op)
         if collective in ("allreduce", "broadcast", "reduce"):
             self.count = count
             source = ROOT if collective == "broadcast" else rank
@@ -250,6 +253,19 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"unknown {collective} algorithm(s) {unknown}: expected some of {sorted(known)}", file=sys.stderr)
         return 2
+    # The shared-memory algorithms read the peers' memory: only on a group within one host.
+    from .algorithms import get_algorithm
+
+    one_host = pg.host_memory is not None and pg.host_memory.single_host
+    unfit = [name for name in algorithms if name != "auto" and not one_host
+             and getattr(get_algorithm(name, collective), "requires_shared_memory", False)]
+    if unfit and args.algorithms:
+        if rank == 0:
+            print(f"{', '.join(unfit)}: only within one host with shared memory on; this group "
+                  f"spans {pg.topology.host_count} host(s), shared memory "
+                  f"{'on' if pg.config.shm else 'off (COMMLIB_SHM=0)'}", file=sys.stderr)
+        return 2
+    algorithms = [name for name in algorithms if name not in unfit]
     baseline = BASELINES[collective]
     factor = bus_factor(collective, size)
     rows = []

@@ -34,6 +34,7 @@ from .teardown import free_at_exit
 from .ops import ReduceOp, check_op
 from .p2p import PointToPoint, PointToPointMethods
 from .transports.mpi import MPITransport, raise_timeout
+from .transports.polling import polls_per_yield
 from .transports.mpi_types import MPI_PREDEFINED
 from .validation import array_kind, check_buffer, check_root, check_timeout
 
@@ -47,7 +48,6 @@ _AVG = ReduceOp.AVG
 _MIN = ReduceOp.MIN
 _MAX = ReduceOp.MAX
 # Polls of a small inline allreduce before the yielding, deadline-checking wait takes over.
-INLINE_SPINS = 16
 
 
 class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
@@ -125,6 +125,9 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
         check_op(op, flat.dtype, "allreduce")
         name = self.resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray,
                                       symmetric=algorithm == "auto" and self._is_symmetric(flat))
+        if (name == "native" and algorithm == "auto" and not async_op and buf.__class__ is np.ndarray
+                and self._small_fast_path_ok and self._native_allreduce_inline(buf, op)):
+            return None  # "auto" means the library's own above the small sizes too (across hosts)
         fn = _algorithms.get_algorithm(name)
         size, segment_bytes = self.size, self.segment_bytes
         shared = self._shared_memory_for(name, buf) if getattr(fn, "requires_shared_memory", False) else None
@@ -301,7 +304,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
                 progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
             if self.size > 1 and buf.size:
                 request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, buf.size, datatype], mpi_reduce_op)
-                spins = INLINE_SPINS
+                spins = polls_per_yield()  # one when ranks outnumber cores: yield at once
                 while not request.Test():
                     spins -= 1
                     if not spins:

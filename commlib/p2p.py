@@ -33,7 +33,7 @@ from mpi4py import MPI
 from .errors import CommError, CommTimeoutError, GroupAbortedError, InvalidUsageError
 from .transport import format_bytes
 from .transports.mpi import as_bytes
-from .transports.polling import MAX_SLEEP_SECONDS, POLLS_PER_YIELD, SLEEP_AFTER_SECONDS, wait_all
+from .transports.polling import MAX_SLEEP_SECONDS, SLEEP_AFTER_SECONDS, polls_per_yield, wait_all
 from .validation import array_kind, check_buffer, check_peer, check_tag, check_timeout
 from .work import Work
 
@@ -229,7 +229,7 @@ class PointToPoint:
                 polls, idle_since, sleep = 0, time.monotonic(), 1e-5
                 continue
             polls += 1
-            if polls % POLLS_PER_YIELD == 0:
+            if polls % polls_per_yield() == 0:
                 os.sched_yield()
                 if time.monotonic() - idle_since > SLEEP_AFTER_SECONDS:
                     time.sleep(sleep)

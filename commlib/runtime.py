@@ -31,6 +31,8 @@ def init(comm=None, timeout: Optional[float] = None, *, debug: Optional[bool] = 
     (``"nccl"`` or ``"host_staged"``; default ``COMMLIB_GPU_TRANSPORT`` or nccl) how CuPy arrays move.
     """
     global _world
+    from .machine import note_ranks_on_machine
+
     config = load_config()
     timeout = check_timeout(config.timeout if timeout is None else timeout, "commlib.init")
     if gpu_transport is not None and gpu_transport not in GPU_TRANSPORTS:
@@ -53,6 +55,8 @@ def init(comm=None, timeout: Optional[float] = None, *, debug: Optional[bool] = 
         if not isinstance(parent, MPI.Comm) or parent == MPI.COMM_NULL:
             raise InvalidUsageError(f"commlib.init: comm must be an mpi4py communicator, got {comm!r}")
         dup = _dup_with_deadline(parent, timeout)
+        # Before any group waits: how the waits poll depends on it (see commlib/machine.py).
+        note_ranks_on_machine(dup)
         if config.crash_witness and dup.Get_size() > 1:
             from .crash_witness import start_witness
 

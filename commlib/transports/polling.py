@@ -7,7 +7,8 @@ compute thread beside its communication thread) a spinning waiter otherwise hold
 peer needs to make the very progress it waits for (measured at 4 ranks on 2 cores: an 8-byte
 ``MPI_Iallreduce`` took 2.7 ms with a plain spin, 0.11 ms with the yield). A wait that lasts
 more than a few milliseconds turns into short sleeps, and the deadline turns a missing peer into
-an error. During the sleeps a ``give_up`` check (a peer whose process exited, read from the
+an error. When the job's ranks outnumber this machine's cores (:mod:`commlib.machine`) the
+yield comes after every poll. During the sleeps a ``give_up`` check (a peer whose process exited, read from the
 progress board) may end a wait that can never succeed long before its deadline.
 """
 
@@ -18,12 +19,19 @@ import time
 
 from mpi4py import MPI
 
-__all__ = ["wait_all", "POLLS_PER_YIELD", "SLEEP_AFTER_SECONDS"]
+from ..machine import oversubscribed
+
+__all__ = ["wait_all", "polls_per_yield", "POLLS_PER_YIELD", "SLEEP_AFTER_SECONDS"]
 
 POLLS_PER_YIELD = 16
 SLEEP_AFTER_SECONDS = 5e-3
 MAX_SLEEP_SECONDS = 5e-4
 GIVE_UP_CHECK_SECONDS = 0.02
+
+
+def polls_per_yield() -> int:
+    """Polls between yields: ``POLLS_PER_YIELD``, or 1 when ranks outnumber the machine's cores."""
+    return 1 if oversubscribed() else POLLS_PER_YIELD
 
 
 def wait_all(requests, deadline: float, give_up=None, statuses=None) -> bool:
@@ -33,13 +41,14 @@ def wait_all(requests, deadline: float, give_up=None, statuses=None) -> bool:
     ``statuses``: a list of ``MPI.Status``, one per request, filled on completion (receives
     with ``ANY_SOURCE`` learn the sender from it).
     """
+    every = polls_per_yield()
     if statuses is not None:
         def testall(requests, _testall=MPI.Request.Testall):
             return _testall(requests, statuses)
     else:
         if len(requests) == 1:  # one request (a native collective): Test is a third of Testall's cost
             test = requests[0].Test
-            for _ in range(POLLS_PER_YIELD):
+            for _ in range(every):
                 if test():
                     return True
         testall = MPI.Request.Testall
@@ -54,7 +63,7 @@ def wait_all(requests, deadline: float, give_up=None, statuses=None) -> bool:
         if testall(requests):
             return True
         polls += 1
-        if polls % POLLS_PER_YIELD:
+        if polls % every:
             continue
         sched_yield()
         now = time.monotonic()

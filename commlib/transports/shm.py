@@ -48,6 +48,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, InvalidUsageError
+from ..machine import cores_available, oversubscribed
 from ..ops import DTYPE_IS_FLOAT, ReduceOp, ufunc_name
 from ..shared_memory import PAGE_BYTES, fence, fence_lock
 from ..transport import Pending, Transfer, Transport, format_bytes
@@ -146,7 +147,10 @@ class SharedMemoryTransport(Transport):
         self.hostname = hostname
         self.ranks = list(ranks) if ranks is not None else list(range(self.size))  # group rank of each
         self.progress_board = progress_board
-        self.spin_polls = SPIN_POLLS if self.size <= (os.cpu_count() or 1) else OVERSUBSCRIBED_SPIN_POLLS
+        # Ranks outnumber cores (this host's, or the machine's when hosts share one: see
+        # commlib/machine.py): the peer we wait for may need our core, so yield at once.
+        crowded = self.size > cores_available() or oversubscribed()
+        self.spin_polls = OVERSUBSCRIBED_SPIN_POLLS if crowded else SPIN_POLLS
         self.own_segment = segments[rank]
         self.segments = list(segments)
         self._controls = [memoryview(segment)[:CONTROL_BYTES].cast("q") for segment in segments]

@@ -32,6 +32,13 @@ def main():
                 f"local rank {topology.local_rank}/{topology.local_size}")
     check.check(topology.spans_hosts == (len(expected) > 1), f"spans_hosts {topology.spans_hosts}")
     check.check(pg.transport.topology == topology, "the transport hands algorithms the group's topology")
+    # Every rank of the tests runs on this one machine, whatever the hosts: waits yield at once
+    # when the ranks outnumber its cores (commlib/machine.py).
+    from commlib.machine import cores_available, oversubscribed, ranks_on_machine
+
+    check.check(ranks_on_machine() == size, f"ranks on this machine {ranks_on_machine()}, expected {size}")
+    check.check(oversubscribed() == (size > cores_available()),
+                f"oversubscribed {oversubscribed()} with {size} ranks on {cores_available()} cores")
     # Hierarchical's intra-host phases read the host peers' memory when the group spans hosts and
     # shared memory is on (COMMLIB_SHM); on even hosts they run there, on uneven ones the rings.
     shared = pg.transport.host_shared_memory
