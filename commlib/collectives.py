@@ -9,6 +9,8 @@ which runs the algorithm against a transport (see the calling conventions in
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
 from . import algorithms as _algorithms
@@ -23,6 +25,13 @@ _AVG = ReduceOp.AVG
 
 
 class CollectiveMethods:
+    # Provided by ProcessGroup, which mixes this in.
+    rank: int
+    size: int
+    segment_bytes: int
+    _issue: Callable[..., Any]
+    resolve_algorithm: Callable[..., str]
+
     def broadcast(self, buf, root: int = 0, *, algorithm: str = "auto", async_op: bool = False):
         """Every rank's ``buf`` becomes ``root``'s."""
         flat = check_buffer(buf, "broadcast")

@@ -9,6 +9,8 @@ and which rank had what; nothing of the collective itself is sent.
 
 from __future__ import annotations
 
+from typing import Dict, List
+
 import numpy as np
 
 from .errors import CollectiveMismatchError
@@ -34,7 +36,7 @@ def describe_mismatch(per_rank, collective: str, seq: int, hosts=None) -> str:
     for index, field in enumerate(FIELDS):
         values = [fields[index] if index < len(fields) else "?" for fields in per_rank]
         if len(set(values)) > 1:
-            groups = {}
+            groups: Dict[object, List[int]] = {}
             for rank, value in enumerate(values):
                 groups.setdefault(value, []).append(rank)
             shown = " vs ".join(f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}"

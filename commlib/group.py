@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -37,6 +37,9 @@ from .transports.mpi import MPITransport, raise_timeout
 from .transports.polling import polls_per_yield
 from .transports.mpi_types import MPI_PREDEFINED
 from .validation import array_kind, check_buffer, check_root, check_timeout
+
+if TYPE_CHECKING:
+    from .gpu import GpuBackend
 
 __all__ = ["ProcessGroup"]
 
@@ -79,14 +82,14 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
         self._p2p = PointToPoint(comm, timeout=self.timeout, name=name)
         self._seq = 0
-        self._gpu = None
+        self._gpu: Optional[GpuBackend] = None
         self._fingerprints = None
         # A few microseconds of Python matter for small allreduces: when the group is plain
         # (no debug fingerprints) and "auto" means "native" for small messages, skip the
         # general machinery (see _native_allreduce_inline).
         self._small_fast_path_ok = not self.debug
         self._auto_native_bytes = native_threshold(self.size, config.algorithm_override)
-        self._shm_inline_bytes = -1
+        self._shm_inline_bytes: float = -1
         if self._shm is not None and not config.algorithm_override and self._small_fast_path_ok:
             # Small messages on one host: counters in shared memory, no MPI call (see
             # _shm_allreduce_inline); the MPI fast path is left for what "auto" still sends to MPI.

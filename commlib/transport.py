@@ -38,7 +38,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import time
-from typing import Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .ops import ReduceOp, reduce_into, reduce_ordered
 from .topology import Topology
@@ -95,15 +95,15 @@ class CompletedPending(Pending):
 class Transport(abc.ABC):
     rank: int
     size: int
-    xp: object  # the array module
+    xp: Any  # the array module
     concurrent_posts: bool = False
-    host_shared_memory = None
+    host_shared_memory: Optional[Transport] = None
 
     def __init__(self) -> None:
         self.context = CollectiveContext()
-        self._scratch = {}
-        self.memo = {}  # what an algorithm derives once per transport (views, plans), by its own keys
-        self._topology = None
+        self._scratch: Dict[Tuple[int, str], Any] = {}
+        self.memo: Dict[Any, Any] = {}  # what an algorithm derives once per transport (views, plans), by its own keys
+        self._topology: Optional[Topology] = None
 
     @property
     def topology(self) -> Topology:

@@ -20,7 +20,7 @@ actually became ready on rank 0 (broadcast, so that every rank builds the same p
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -65,9 +65,10 @@ class _Bucket:
         # In the group's shared memory where that helps (one host): the allreduce then reads the
         # peers' buckets in place, and with gradient_as_bucket_view autograd writes the
         # gradients straight there, so a gradient is never copied on its way to the average.
-        self.flat = symmetric_zeros(group, plan.numel, first.dtype, first.device)
-        if self.flat is None:
-            self.flat = torch.zeros(plan.numel, dtype=first.dtype, device=first.device)
+        flat = symmetric_zeros(group, plan.numel, first.dtype, first.device)
+        if flat is None:
+            flat = torch.zeros(plan.numel, dtype=first.dtype, device=first.device)
+        self.flat = flat
         self.array = to_array(self.flat)
         self.views = [self.flat[offset:offset + params[i].numel()].view(params[i].shape)
                       for i, offset in zip(plan.params, plan.offsets)]
@@ -79,7 +80,8 @@ class _Bucket:
     def reset(self) -> None:
         self.pending = len(self.params)
         self.work = None
-        self.launched_at = self._done_at = None
+        self.launched_at: Optional[float] = None
+        self._done_at: Optional[float] = None
         self.sent.reset()
 
     def launched(self, work) -> None:
@@ -128,7 +130,7 @@ class Reducer:
         self._unused: List[int] = []
         self._local_used = np.zeros(len(params), dtype=np.int32)
         self._next_launch = 0
-        self._backward_started_at = None
+        self._backward_started_at: Optional[float] = None
         self._last_stats: Optional[dict] = None
         self._divisor: Optional[int] = None  # Join(divide_by_initial_world_size=False): ranks still in
         self._handles = autograd_hooks.register_grad_ready_hooks(params, self._on_grad_ready)
@@ -139,7 +141,7 @@ class Reducer:
 
     def _build(self, plans: List[BucketPlan]) -> None:
         self.buckets = [_Bucket(i, plan, self.params, self.group) for i, plan in enumerate(plans)]
-        self._slot = [None] * len(self.params)  # param index -> (bucket, view)
+        self._slot: Dict[int, Tuple[_Bucket, torch.Tensor]] = {}  # param index -> (bucket, view)
         for bucket in self.buckets:
             for index, view in zip(bucket.params, bucket.views):
                 self._slot[index] = (bucket, view)

@@ -9,15 +9,18 @@ messages matched against the wrong one, and the peers time out instead of comput
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from ..errors import CommTimeoutError, PeerExitedError
-from ..transport import Pending, Transfer, Transport, format_bytes
+from ..transport import CollectiveContext, Pending, Transfer, Transport, format_bytes
 from .mpi_types import mpi_datatype, mpi_op
 from .polling import wait_all
+
+if TYPE_CHECKING:
+    from ..progress_board import ProgressBoard
 
 __all__ = ["MPITransport", "as_bytes"]
 
@@ -52,6 +55,12 @@ class _MPIPending(Pending):
 
 class MPINativeCollectives:
     """The MPI library's own collectives, nonblocking and waited with the group's deadline."""
+
+    # Set by the transport that mixes this in.
+    comm: MPI.Comm
+    rank: int
+    context: CollectiveContext
+    progress_board: Optional[ProgressBoard]
 
     def _wait_native(self, request, nbytes: int) -> None:
         if not wait_all([request], self.context.deadline, self.peer_exited):

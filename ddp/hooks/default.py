@@ -107,7 +107,7 @@ class HookWork:
     def __init__(self, work, then: Callable[[], object], keepalive=None):
         self.work = work
         self._then = then
-        self._value = None
+        self._value: object = None
         self._finished = False
         self.keepalive = keepalive  # temporaries the collective reads or writes
 

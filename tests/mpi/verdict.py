@@ -9,6 +9,7 @@ rank 0 and exits non-zero everywhere.
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -75,7 +76,7 @@ class Checker:
                           f"first at index {bad[0]}: got {actual.reshape(-1)[bad[0]]!r}, "
                           f"expected {expected.reshape(-1)[bad[0]]!r}")
 
-    def raises(self, exc_type, fn, what: str, match: str = None):
+    def raises(self, exc_type, fn, what: str, match: Optional[str] = None):
         try:
             fn()
         except exc_type as exc:
