@@ -47,8 +47,6 @@ _SUM = ReduceOp.SUM
 _AVG = ReduceOp.AVG
 _MIN = ReduceOp.MIN
 _MAX = ReduceOp.MAX
-# Polls of a small inline allreduce before the yielding, deadline-checking wait takes over.
-
 
 class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
     def __init__(self, comm: MPI.Comm, *, timeout: float, config: Config, debug: bool = False,
@@ -127,7 +125,9 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
                                       symmetric=algorithm == "auto" and self._is_symmetric(flat))
         if (name == "native" and algorithm == "auto" and not async_op and buf.__class__ is np.ndarray
                 and self._small_fast_path_ok and self._native_allreduce_inline(buf, op)):
-            return None  # "auto" means the library's own above the small sizes too (across hosts)
+            # "auto" means the library's own above the small sizes too (across hosts, 32 KiB-8 MiB);
+            # another thread issuing meanwhile waits for the issue lock, as it would queue behind.
+            return None
         fn = _algorithms.get_algorithm(name)
         size, segment_bytes = self.size, self.segment_bytes
         shared = self._shared_memory_for(name, buf) if getattr(fn, "requires_shared_memory", False) else None
