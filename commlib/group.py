@@ -48,6 +48,7 @@ _AVG = ReduceOp.AVG
 _MIN = ReduceOp.MIN
 _MAX = ReduceOp.MAX
 
+
 class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
     def __init__(self, comm: MPI.Comm, *, timeout: float, config: Config, debug: bool = False,
                  name: str = "world", segment_bytes: Optional[int] = None, device=None,
