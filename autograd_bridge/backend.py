@@ -35,6 +35,8 @@ ops as commlib's or as bitwise ufuncs (:mod:`.reduce_ops`).
 
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -58,12 +60,12 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
     """A ``torch.distributed.ProcessGroup`` whose collectives run on a ``commlib.ProcessGroup``."""
 
     def __init__(self, group: "commlib.ProcessGroup"):
-        super().__init__(group.rank, group.size)
+        super().__init__(group.rank, group.size)  # type: ignore[call-arg]  # bound, not in torch's stub
         self.commlib_group = group
         self._completer = Completer()
         self._done = self._completer.done
         # The hot path's cached numpy view (holds at most one small tensor alive).
-        self._last = (None, 0, None, np.empty(0))
+        self._last: Tuple[Optional[torch.Tensor], int, Optional[torch.dtype], np.ndarray] = (None, 0, None, np.empty(0))
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -72,16 +74,17 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
         return BACKEND_NAME
 
     def __repr__(self) -> str:
-        return f"<CommlibProcessGroup rank {self.commlib_group.rank} of {self.commlib_group.size} over {self.commlib_group!r}>"
+        group = self.commlib_group
+        return f"<CommlibProcessGroup rank {group.rank} of {group.size} over {group!r}>"
 
     # -- allreduce -----------------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
+    def allreduce(self, tensors, opts=None):  # type: ignore[override]  # torch calls (tensors, opts)
         # The hot path: dist.all_reduce(t) of a plain CPU tensor. A few microseconds of Python
         # here are a third of a small allreduce, so: no staging, no Future, no extra calls.
         if (opts.__class__ is AllreduceOptions and tensors.__class__ is list and len(tensors) == 1
                 and not opts.asyncOp):
-            tensor = tensors[0]
-            op = PLAIN_OPS[int(opts.reduceOp.op)]
+            tensor: torch.Tensor = tensors[0]
+            op = PLAIN_OPS[int(opts.reduceOp.op)]  # type: ignore[attr-defined]  # bound, not in torch's stub
             # Tensor.numpy() and the checks before it cost ~2 us: reuse the view of the last
             # tensor while it is the same object over the same memory (same pointer, dtype and
             # size, still contiguous: the same flat buffer to an allreduce).
@@ -145,7 +148,7 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
                             chain(finishers), staged[0].cuda_device if staged else None)
 
     # -- one-to-all and all-to-one -------------------------------------------------------------
-    def broadcast(self, tensors, opts=None):
+    def broadcast(self, tensors, opts=None):  # type: ignore[override]  # torch calls (tensors, opts)
         tensor = single(tensors, "broadcast")
         root = 0 if opts is None else opts.rootRank
         staged = Staged(tensor, "broadcast tensor")
@@ -154,13 +157,14 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
                             lambda async_op: group.broadcast(staged.array, root, async_op=async_op),
                             [tensor], copy_back_all([staged]), staged.cuda_device)
 
-    def reduce(self, tensors, opts=None):
+    def reduce(self, tensors, opts=None):  # type: ignore[override]  # torch calls (tensors, opts)
         tensor = single(tensors, "reduce")
         staged = Staged(tensor, "reduce tensor")
         op_value = SUM_VALUE if opts is None else op_value_of(opts.reduceOp)
         op, bitwise = lookup_op(op_value, [staged])
         if bitwise is not None:
-            raise InvalidUsageError(f"commlib backend: reduce supports SUM, AVG, MIN, MAX, PRODUCT; got {RED(op_value).name}")
+            raise InvalidUsageError(f"commlib backend: reduce supports SUM, AVG, MIN, MAX, PRODUCT; "
+                                    f"got {RED(op_value).name}")
         root = 0 if opts is None else opts.rootRank
         group = self.commlib_group
         return self._completer.complete(opts or _ASYNC,
@@ -208,7 +212,7 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
-    def reduce_scatter(self, outputs, input_lists, opts=None):
+    def reduce_scatter(self, outputs, input_lists, opts=None):  # type: ignore[override]  # torch calls (tensors, opts)
         output = single(outputs, "reduce_scatter")
         parts = single(input_lists, "reduce_scatter") if not isinstance(input_lists[0], torch.Tensor) else input_lists
         self._check_parts(parts, output, "reduce_scatter", "input list")
@@ -219,7 +223,8 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
         out, inp = Staged(output, "reduce_scatter output"), Staged(input, "reduce_scatter input")
         op, bitwise = lookup_op(op_value, [out])
         if bitwise is not None:
-            raise InvalidUsageError(f"commlib backend: reduce_scatter supports SUM, AVG, MIN, MAX, PRODUCT; got {RED(op_value).name}")
+            raise InvalidUsageError(f"commlib backend: reduce_scatter supports SUM, AVG, MIN, MAX, PRODUCT; "
+                                    f"got {RED(op_value).name}")
         group = self.commlib_group
         return self._completer.complete(opts or _ASYNC,
                             lambda async_op: group.reduce_scatter(out.array, inp.array, op, async_op=async_op),
@@ -236,7 +241,7 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
     # gather and scatter ride on allgather and broadcast: P times the bytes of a rooted
     # algorithm, but the same collective on every rank (no root-dependent code paths), and
     # gather_object / scatter_object_list are small.
-    def gather(self, output_lists, input_tensors, opts=None):
+    def gather(self, output_lists, input_tensors, opts=None):  # type: ignore[override]  # torch calls (tensors, opts)
         root = 0 if opts is None else opts.rootRank
         tensor = single(input_tensors, "gather")
         outputs = output_lists[0] if output_lists else None
@@ -250,7 +255,7 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
                 out.copy_(flat[index])
         return self._done
 
-    def scatter(self, output_tensors, input_lists, opts=None):
+    def scatter(self, output_tensors, input_lists, opts=None):  # type: ignore[override]  # torch calls (tensors, opts)
         root = 0 if opts is None else opts.rootRank
         output = single(output_tensors, "scatter")
         flat = torch.empty((self.size(),) + tuple(output.shape), dtype=output.dtype, device=output.device)
@@ -264,7 +269,8 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
 
     def _check_parts(self, parts, like: torch.Tensor, collective: str, what: str) -> None:
         if len(parts) != self.size():
-            raise InvalidUsageError(f"commlib backend: {collective}: {what} has {len(parts)} tensors; expected world size {self.size()}")
+            raise InvalidUsageError(f"commlib backend: {collective}: {what} has {len(parts)} tensors; "
+                                    f"expected world size {self.size()}")
         for index, part in enumerate(parts):
             if part.shape != like.shape or part.dtype != like.dtype:
                 raise InvalidUsageError(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,9 @@ import commlib
 from commlib import InvalidUsageError
 
 from .staging import Staged, copy_back_all, single
+
+if TYPE_CHECKING:
+    from .backend_work import Completer
 
 __all__ = ["ExchangeMethods", "P2PTorchWork"]
 
@@ -91,6 +95,11 @@ class P2PTorchWork(dist._Work):
 
 
 class ExchangeMethods:
+    # Provided by CommlibProcessGroup, which mixes this in (size: torch's ProcessGroup.size()).
+    commlib_group: commlib.ProcessGroup
+    _completer: Completer
+    size: Callable[[], int]
+
     # -- point-to-point ------------------------------------------------------------------------
     def send(self, tensors, dstRank: int, tag: int = 0):
         staged = Staged(single(tensors, "send"), "send tensor")
@@ -115,7 +124,7 @@ class ExchangeMethods:
             raise InvalidUsageError(f"commlib backend: all_to_all takes one tensor per rank: got {len(input_tensors)} "
                                     f"inputs and {len(output_tensors)} outputs; expected world size {size}")
         dtype = input_tensors[0].dtype
-        flat_in = torch.cat([t.detach().reshape(-1) for t in input_tensors]) if size else None
+        flat_in = torch.cat([t.detach().reshape(-1) for t in input_tensors])
         flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=dtype, device=flat_in.device)
         inp, out = Staged(flat_in, "all_to_all input"), Staged(flat_out, "all_to_all output")
         out_counts = [t.numel() * _elements_per_item(t) for t in output_tensors]

@@ -15,6 +15,8 @@ here the ranks cannot diverge.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 from torch.futures import Future
 
@@ -44,7 +46,7 @@ class CommlibFuture(Future):
         return super().wait()
 
     def then(self, callback):
-        chained = Future()
+        chained: Future[Any] = Future()
 
         def run(_work):
             try:
@@ -97,7 +99,7 @@ class FutureWork(dist._Work):
 
 
 def done_work() -> FutureWork:
-    future = Future()
+    future: Future[list] = Future()
     future.set_result([])
     return FutureWork(future)
 

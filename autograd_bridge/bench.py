@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 import time
+from typing import Any, Dict
 
 import torch
 import torch.distributed as dist
@@ -70,7 +71,7 @@ def ddp_step_times(groups: dict, steps: int = 5, warmup: int = 2, batch: int = 1
     data = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, widths[0], generator=data)
     target = torch.randn(batch, widths[-1], generator=data)
-    optimizers = {}
+    optimizers: Dict[str, torch.optim.Optimizer] = {}
 
     def step(name, model):
         optimizer = optimizers.get(name)
@@ -102,7 +103,7 @@ def main(argv=None) -> None:
     gloo = dist.new_group(backend="gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     groups = {"commlib": None, "gloo": gloo}
-    results = {"world_size": size, "torch": torch.__version__, "allreduce": [], "ddp": {}}
+    results: Dict[str, Any] = {"world_size": size, "torch": torch.__version__, "allreduce": [], "ddp": {}}
 
     def say(text=""):
         if rank == 0:
@@ -112,7 +113,7 @@ def main(argv=None) -> None:
     say(f"{'size':>9} {'count':>7} {'commlib us':>11} {'gloo us':>9} {'gloo/commlib':>12} "
         f"{'commlib busbw GB/s':>18} {'gloo busbw GB/s':>15} {'#wrong':>6}")
     for nbytes in SIZES:
-        row = {"bytes": nbytes, "count": max(1, nbytes // 4)}
+        row: Dict[str, float] = {"bytes": nbytes, "count": max(1, nbytes // 4)}
         for name, group in groups.items():
             seconds, wrong = allreduce_latency(group, nbytes, args.samples)
             row[f"{name}_us"] = seconds * 1e6

@@ -14,25 +14,27 @@ from commlib import InvalidUsageError, ReduceOp
 __all__ = ["RED", "SUM_VALUE", "PLAIN_OPS", "op_value_of", "lookup_op"]
 
 RED = dist.ReduceOp.RedOpType
-# torch op -> (commlib op, None) or (None, numpy ufunc for a bitwise allreduce via allgather)
+# torch op -> (commlib op, None) or (None, numpy ufunc for a bitwise allreduce via allgather).
+# ReduceOp.SUM is RedOpType.SUM; torch's stub declares the former only.
+_TORCH = dist.ReduceOp
 _OPS = {
-    int(RED.SUM.value): (ReduceOp.SUM, None),
-    int(RED.AVG.value): (ReduceOp.AVG, None),
-    int(RED.MIN.value): (ReduceOp.MIN, None),
-    int(RED.MAX.value): (ReduceOp.MAX, None),
-    int(RED.PRODUCT.value): (ReduceOp.PROD, None),
-    int(RED.BAND.value): (None, np.bitwise_and),
-    int(RED.BOR.value): (None, np.bitwise_or),
-    int(RED.BXOR.value): (None, np.bitwise_xor),
+    int(_TORCH.SUM.value): (ReduceOp.SUM, None),
+    int(_TORCH.AVG.value): (ReduceOp.AVG, None),
+    int(_TORCH.MIN.value): (ReduceOp.MIN, None),
+    int(_TORCH.MAX.value): (ReduceOp.MAX, None),
+    int(_TORCH.PRODUCT.value): (ReduceOp.PROD, None),
+    int(_TORCH.BAND.value): (None, np.bitwise_and),
+    int(_TORCH.BOR.value): (None, np.bitwise_or),
+    int(_TORCH.BXOR.value): (None, np.bitwise_xor),
 }
-SUM_VALUE = int(RED.SUM.value)
+SUM_VALUE = int(_TORCH.SUM.value)
 # Indexed by int(RedOpType): a tuple index is cheaper than hashing a pybind enum.
 PLAIN_OPS = tuple(_OPS.get(value, (None, None))[0] for value in range(64))
 
 
 def op_value_of(op) -> int:
     """int of a torch ReduceOp / RedOpType (opts.reduceOp is a ReduceOp wrapping a RedOpType)."""
-    return int(op.op) if isinstance(op, dist.ReduceOp) else int(op)
+    return int(op.op) if isinstance(op, dist.ReduceOp) else int(op)  # type: ignore[attr-defined]  # bound, not in the stub
 
 
 def lookup_op(value: int, staged):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import cast
 
 import torch.distributed as dist
 
@@ -51,7 +52,8 @@ def create_process_group(options, _backend_options=None) -> CommlibProcessGroup:
     if members == list(range(world.size)):
         sub = world.comm.Dup()
     else:  # only members get here (torch skips the others): a group-collective create
-        sub = world.comm.Create_group(world.comm.group.Incl(members), tag=17)
+        # A group's communicator is an intracommunicator (typed MPI.Comm by ProcessGroup).
+        sub = world.comm.Create_group(world.comm.group.Incl(members), tag=17)  # type: ignore[attr-defined]
     name = f"torch-{'-'.join(map(str, members))}"
     return CommlibProcessGroup(commlib.ProcessGroup(sub, timeout=timeout, config=world.config,
                                                     debug=world.debug, name=name,
@@ -98,4 +100,5 @@ def init_process_group(**kwargs) -> CommlibProcessGroup:
     if "store" not in kwargs and "init_method" not in kwargs:
         kwargs["store"] = rendezvous_store()
     dist.init_process_group(BACKEND_NAME, rank=world.rank, world_size=world.size, **kwargs)
-    return dist.distributed_c10d._get_default_group()
+    # Registered with extended_api=True: torch keeps the group we created as its default group.
+    return cast(CommlibProcessGroup, dist.distributed_c10d._get_default_group())

@@ -35,6 +35,8 @@ per rank, so its table has one row).
 
 from __future__ import annotations
 
+from typing import Dict, Optional, Tuple
+
 __all__ = ["choose", "choose_allreduce", "native_threshold", "world_class", "choose_shared_memory_allreduce",
            "shared_memory_inline_bytes"]
 
@@ -42,7 +44,10 @@ KiB = 1 << 10
 MiB = 1 << 20
 INF = float("inf")
 
-_TABLES = {
+# (largest message in bytes, INF for no bound; algorithm) rows, in increasing size.
+Rows = Tuple[Tuple[float, str], ...]
+
+_TABLES: Dict[str, Dict[str, Rows]] = {
     "allreduce": {
         "2": ((8 * MiB, "native"), (INF, "rabenseifner")),
         "pow2": ((4 * MiB, "native"), (INF, "rabenseifner")),
@@ -137,14 +142,14 @@ def choose_allreduce(nbytes: int, world_size: int, available) -> str:
     return choose("allreduce", nbytes, world_size, available)
 
 
-def native_threshold(world_size: int, override=None, collective: str = "allreduce") -> int:
+def native_threshold(world_size: int, override=None, collective: str = "allreduce") -> float:
     """Largest message (bytes, as the table is keyed) for which ``"auto"`` means ``"native"`` for
     ``collective`` (-1: never); ``override``: the configured algorithm for it, if any."""
     if override:
         return INF if override == "native" else -1
     if world_size == 1:
         return INF
-    bound = -1
+    bound: float = -1
     for upper, name in _TABLES[collective][world_class(world_size)]:
         if name != "native":
             break
@@ -158,7 +163,7 @@ def native_threshold(world_size: int, override=None, collective: str = "allreduc
 # staged, which costs it the lead over the MPI schedules on large messages. So the choice depends
 # on the kind of buffer: every rank must pass the same kind (debug mode checks it). Measured with
 # ``python -m commlib.bench --symmetric`` (see the README's shared-memory table).
-_SHARED_MEMORY_TABLE = {
+_SHARED_MEMORY_TABLE: Dict[Tuple[str, bool], Tuple[Tuple[float, Optional[str]], ...]] = {
     # P = 2. Symmetric: 128 KiB oneshot 17 us, twoshot 19 us; 512 KiB 48 against 34 us; 64 MiB
     # twoshot 3.7-3.9 ms, ring 5.0-5.3 ms. Plain: oneshot through the cache-sized slots wins up
     # to 8 MiB (2 MiB: 183 us, ring 258 us, MPI 287 us; 8 MiB: 727 against 742 us for the ring);
@@ -177,7 +182,7 @@ _SHARED_MEMORY_TABLE = {
 }
 
 
-def choose_shared_memory_allreduce(nbytes: int, world_size: int, symmetric: bool):
+def choose_shared_memory_allreduce(nbytes: int, world_size: int, symmetric: bool) -> Optional[str]:
     """The shared-memory algorithm ``"auto"`` means on a one-host group, or None (the MPI table)."""
     if world_size == 1:
         return None
@@ -187,7 +192,7 @@ def choose_shared_memory_allreduce(nbytes: int, world_size: int, symmetric: bool
     return None
 
 
-def shared_memory_inline_bytes(world_size: int) -> int:
+def shared_memory_inline_bytes(world_size: int) -> float:
     """Largest message for which ``"auto"`` means ``shm_oneshot`` whatever the buffer (-1: never)."""
     if world_size == 1:
         return -1

@@ -60,7 +60,7 @@ def native_threshold_across_hosts(topology, override: Optional[str] = None, mode
         return INF if override == "native" else -1
     if model is not None:
         return model.native_threshold(topology.host_count, max(topology.ranks_per_host), available)
-    bound = -1
+    bound: float = -1
     for upper, name in _TABLES[host_class(topology)]:
         if name != "native":
             break

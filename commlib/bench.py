@@ -27,9 +27,11 @@ input for reduce_scatter, alltoall and scatter (nccl-tests' convention; also wha
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -213,7 +215,7 @@ class Setup:
             self.baseline = lambda: comm.Alltoall([inp, MPI.BYTE], byte_view)
             self.ours = lambda name: pg.alltoall(target, inp, algorithm=name)
 
-    symmetric = None
+    symmetric: Optional[np.ndarray] = None
 
     def reset(self) -> None:
         np.copyto(self.target, self.pristine)
@@ -281,9 +283,9 @@ def main(argv=None) -> int:
     while nbytes <= args.max_bytes:
         setup = Setup(collective, comm, pg, max(1, nbytes // dtype.itemsize), dtype, args.op, args.symmetric)
         contenders = {} if args.no_baseline else {baseline: setup.baseline}
-        contenders.update({name: (lambda name=name: setup.ours(name)) for name in algorithms})
+        contenders.update({name: functools.partial(setup.ours, name) for name in algorithms})
         if args.symmetric:
-            contenders.update({f"{name}@sym": (lambda name=name: setup.ours_symmetric(name)) for name in algorithms})
+            contenders.update({f"{name}@sym": functools.partial(setup.ours_symmetric, name) for name in algorithms})
         timings = time_interleaved(comm, contenders, setup.reset, args.iters, args.warmup)
         baseline_time = timings.get(baseline)
         for name, run in contenders.items():

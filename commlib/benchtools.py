@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Dict, List
 
 import numpy as np
 
@@ -98,7 +99,7 @@ def step_in_turn(factories, step, barrier, steps: int, warmup: int, on_sample=No
     """
     models = {key: factory() for key, factory in factories.items()}
     keys = list(models)
-    samples = {key: [] for key in keys}
+    samples: Dict[object, List[float]] = {key: [] for key in keys}
     for turn in range(warmup + steps):
         for offset in range(len(keys)):
             key = keys[(turn + offset) % len(keys)]

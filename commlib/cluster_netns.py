@@ -95,11 +95,13 @@ def build(state: ClusterState) -> None:
 
 
 def shape(state: ClusterState, namespace: str, device: str) -> None:
-    bits = parse_rate(state.rate)
+    rate = state.rate
+    assert rate is not None  # only a rate-limited cluster is shaped
+    bits = parse_rate(rate)
     # The bucket holds at least 64 KiB (a GSO packet) or 4 ms at the rate; the queue 50 ms.
     burst = max(64 * 1024, bits // 8 // 250)
     command(["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf", "rate",
-             state.rate, "burst", str(burst), "latency", "50ms"],
+             rate, "burst", str(burst), "latency", "50ms"],
             f"cluster {state.name}: rate limit on {device} in {namespace}")
 
 

@@ -29,7 +29,7 @@ __all__ = ["ClusterError", "ClusterState", "HostState", "STATE_DIR", "new_state"
 
 STATE_DIR = Path("/tmp/commlib-clusters")
 # Our hosts' subnets come from here, one /24 per cluster, never one in use on this machine.
-SUBNET_POOL = ipaddress.ip_network("10.233.0.0/16")
+SUBNET_POOL = ipaddress.IPv4Network("10.233.0.0/16")
 NAME_PATTERN = re.compile(r"^cl[a-z0-9]{1,20}$")  # every namespace we make starts with "cl"
 HOST_INTERFACE = "eth0"  # the same name on every host: one FI_TCP_IFACE/GLOO_SOCKET_IFNAME for all
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
@@ -202,7 +202,7 @@ def _networks_on_this_machine() -> List[ipaddress.IPv4Network]:
             continue
         for match in re.finditer(r"(?:inet |^)(\d+\.\d+\.\d+\.\d+(?:/\d+)?)", text, re.M):
             try:
-                network = ipaddress.ip_network(match.group(1), strict=False)
+                network = ipaddress.IPv4Network(match.group(1), strict=False)
             except ValueError:
                 continue
             if network.prefixlen >= 8:  # a catch-all route (a VPN's 0.0.0.0/1) holds no address

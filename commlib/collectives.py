@@ -9,6 +9,8 @@ which runs the algorithm against a transport (see the calling conventions in
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
 from . import algorithms as _algorithms
@@ -24,6 +26,22 @@ _AVG = ReduceOp.AVG
 
 
 class CollectiveMethods:
+    # Provided by ProcessGroup, which mixes this in.
+    rank: int
+    size: int
+    segment_bytes: int
+    _issue: Callable[..., Any]
+    resolve_algorithm: Callable[..., str]
+    # The small-message fast path (commlib/group_inline.py), also mixed in.
+    _broadcast_inline: Callable[..., bool]
+    _reduce_inline: Callable[..., bool]
+    _allgather_inline: Callable[..., bool]
+    _reduce_scatter_inline: Callable[..., bool]
+    _alltoall_inline: Callable[..., bool]
+    _gather_inline: Callable[..., bool]
+    _scatter_inline: Callable[..., bool]
+    _barrier_inline: Callable[..., bool]
+
     def broadcast(self, buf, root: int = 0, *, algorithm: str = "auto", async_op: bool = False):
         """Every rank's ``buf`` becomes ``root``'s."""
         if not async_op and self._broadcast_inline(buf, root, algorithm):

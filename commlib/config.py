@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 __all__ = ["Config", "load_config", "GPU_TRANSPORTS", "OVERRIDABLE_COLLECTIVES"]
 
@@ -114,7 +114,7 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Config":
-        values = {}
+        values: Dict[str, Any] = {}
         if environ.get("COMMLIB_ALGO"):
             values["algorithm_override"] = environ["COMMLIB_ALGO"].strip()
         if "COMMLIB_DEBUG" in environ:

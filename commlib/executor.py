@@ -161,7 +161,7 @@ class CommExecutor:
             error = None
             try:
                 work.seq = self._run_numbered(task)
-            except BaseException as exc:  # surfaced through Work.wait(), as for a queued one
+            except BaseException as exc:  # noqa: BLE001 - surfaced through Work.wait(), as for a queued one
                 error = exc
             work._complete(error)
             return work
@@ -226,10 +226,11 @@ class CommExecutor:
 
     def _run_queued(self, entry: _Entry) -> None:
         work = entry.work
+        assert entry.task is not None  # a collective, not a callback
         # No lock: besides this thread only an inline collective numbers (with _in_flight == 0,
         # so never while an entry is being worked off; _wait_for_inline_collective saw it end).
         work.seq = self._next_seq()
-        error = None
+        error: Optional[BaseException] = None
         if self.first_error is not None:
             error = GroupAbortedError(
                 f"{self.name}: {work.collective} #{work.seq} not run: an earlier collective "
@@ -238,7 +239,7 @@ class CommExecutor:
         else:
             try:
                 entry.task(work.seq)
-            except BaseException as exc:  # surfaced through Work.wait()
+            except BaseException as exc:  # noqa: BLE001 - surfaced through Work.wait()
                 error = exc
                 self.record_failure(exc)
         work._complete(error)  # runs the callbacks added on this thread, right here

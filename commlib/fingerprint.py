@@ -9,7 +9,7 @@ and which rank had what; nothing of the collective itself is sent.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -25,7 +25,7 @@ class CallFingerprint(NamedTuple):
     """What a call looks like from outside: debug mode compares it across ranks before it runs."""
 
     dtype: Optional[object]  # None for calls without a buffer (barrier)
-    shape: Tuple[int, ...]
+    shape: Tuple[Any, ...]  # the buffer's shape; ("v",) for alltoallv, whose sizes differ per rank
     op: str  # the ReduceOp's name, "" for collectives that do not reduce
     root: int  # -1 for collectives without a root
     algorithm: str
@@ -46,7 +46,7 @@ def describe_mismatch(per_rank, collective: str, seq: int, hosts=None) -> str:
     for index, field in enumerate(FIELDS):
         values = [fields[index] if index < len(fields) else "?" for fields in per_rank]
         if len(set(values)) > 1:
-            groups = {}
+            groups: Dict[object, List[int]] = {}
             for rank, value in enumerate(values):
                 groups.setdefault(value, []).append(rank)
             shown = " vs ".join(f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}"

@@ -38,6 +38,8 @@ from .validation import array_kind, check_buffer, check_root, check_timeout
 if TYPE_CHECKING:  # the communicator is handed in; only the transport and the bootstrap call MPI
     from mpi4py import MPI
 
+    from .gpu import GpuBackend
+
 __all__ = ["ProcessGroup"]
 
 _SUM = ReduceOp.SUM
@@ -75,15 +77,15 @@ class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, 
             self.transport.host_shared_memory = self.host_memory.transport  # hierarchical's phases
         self.executor = CommExecutor(f"group {name!r} rank {self.rank}/{self.size}")
         self._p2p = PointToPoint(comm, timeout=self.timeout, name=name, progress_board=self.progress)
-        self._gpu = None
+        self._gpu: Optional[GpuBackend] = None
         self._fingerprints = None
         # A few microseconds of Python matter for small collectives: when the group is plain
         # (no debug fingerprints) and "auto" means "native" for small messages, skip the
         # general machinery (see commlib/group_inline.py).
         set_up_inline_natives(self)
-        self._small_fast_path_ok = self._inline_runs["allreduce"] is not None
+        self._small_fast_path_ok = self._inline_native_bytes["allreduce"] >= 0
         self._auto_native_bytes = native_threshold(self.size, config.algorithm_override)
-        self._shm_inline_bytes = -1
+        self._shm_inline_bytes: float = -1
         if self._shm is not None and not config.algorithm_override and self._small_fast_path_ok:
             # Small messages on one host: counters in shared memory, no MPI call (see
             # _shm_allreduce_inline); the MPI fast path is left for what "auto" still sends to MPI.
@@ -121,7 +123,9 @@ class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, 
                                       symmetric=algorithm == "auto" and self._is_symmetric(flat))
         if (name == "native" and algorithm == "auto" and not async_op and buf.__class__ is np.ndarray
                 and self._small_fast_path_ok and self._allreduce_inline(buf, op)):
-            return None  # "auto" means the library's own above the small sizes too (across hosts)
+            # "auto" means the library's own above the small sizes too (across hosts, 32 KiB-8 MiB);
+            # another thread issuing meanwhile waits for the issue lock, as it would queue behind.
+            return None
         fn = _algorithms.get_algorithm(name)
         size, segment_bytes = self.size, self.segment_bytes
         shared = self._shared_memory_for(name, buf) if getattr(fn, "requires_shared_memory", False) else None

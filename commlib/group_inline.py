@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from typing import Callable, Dict
+
 from .auto import native_threshold
+from .executor import CommExecutor
 from .ops import DTYPE_IS_FLOAT, ReduceOp
 
 __all__ = ["InlineNativeMethods", "set_up_inline_natives", "INLINE_MAX_BYTES", "INLINE_COLLECTIVES"]
@@ -34,7 +37,7 @@ _SUM, _MIN, _MAX = ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX
 # identity, since hashing an Enum member runs Python code (0.3 us).
 _INLINE_OP_NAMES = {"sum": _SUM, "min": _MIN, "max": _MAX, "SUM": _SUM, "MIN": _MIN, "MAX": _MAX}
 
-_NEVER = {collective: -1 for collective in INLINE_COLLECTIVES}
+_NEVER = dict.fromkeys(INLINE_COLLECTIVES, -1)
 
 
 def set_up_inline_natives(group) -> None:
@@ -45,12 +48,20 @@ def set_up_inline_natives(group) -> None:
     for collective in INLINE_COLLECTIVES:
         run = group.transport.inline_native(collective, group.timeout) if usable else None
         auto_native = native_threshold(group.size, group.config.algorithm_override_for(collective), collective)
-        group._inline_runs[collective] = run
+        group._inline_runs[collective] = _no_inline_run if run is None else run
         group._inline_auto_bytes[collective] = -1 if run is None else min(INLINE_MAX_BYTES, auto_native)
         group._inline_native_bytes[collective] = -1 if run is None else INLINE_MAX_BYTES
 
 
 class InlineNativeMethods:
+    # Set by ProcessGroup, which mixes this in (the _inline_* by set_up_inline_natives).
+    rank: int
+    size: int
+    executor: CommExecutor
+    _inline_runs: Dict[str, Callable[..., None]]
+    _inline_auto_bytes: Dict[str, float]
+    _inline_native_bytes: Dict[str, float]
+
     # Each takes the collective's arguments and ``algorithm`` and runs it if it can (True), or
     # leaves it to the general path (False). The size limit goes first, the auto case inlined:
     # on this path one Python call is a tenth of the budget.
@@ -142,6 +153,10 @@ class InlineNativeMethods:
         if (self._inline_auto_bytes if algorithm == "auto" else self._inline_limits(algorithm))["barrier"] < 0:
             return False
         return self.executor.try_run_inline(self._inline_runs["barrier"])
+
+
+def _no_inline_run(*_args) -> None:
+    raise AssertionError("no fast path for this collective: its limits are -1, so it is never called")
 
 
 def _inline_op(op):

@@ -6,11 +6,19 @@ A mixin, so that ``group.py`` stays about ordering and dispatch; the memory itse
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 import numpy as np
 
 from .errors import InvalidUsageError
 from .ops import DTYPE_IS_FLOAT, ReduceOp
 from .validation import array_kind
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .executor import CommExecutor
+    from .host_memory import HostMemory
+    from .transports.shm import SharedMemoryTransport
 
 __all__ = ["SharedMemoryMethods"]
 
@@ -18,6 +26,14 @@ _AVG = ReduceOp.AVG
 
 
 class SharedMemoryMethods:
+    # Set by ProcessGroup, which mixes this in.
+    size: int
+    config: Config
+    executor: CommExecutor
+    host_memory: Optional[HostMemory]
+    _shm: Optional[SharedMemoryTransport]
+    _progress_slot: Optional[memoryview]
+
     def alloc(self, shape, dtype=np.float32) -> np.ndarray:
         """A **symmetric buffer**: a numpy array in this rank's shared memory, at the same place on
         every rank of the host, so an allreduce on it reads the peers' arrays where they are (no
@@ -69,6 +85,7 @@ class SharedMemoryMethods:
         through to the general path, which validates and explains. The budget is about a microsecond.
         """
         shm = self._shm
+        assert shm is not None  # the caller's guard: _shm_inline_bytes is -1 without it
         last = shm._last_round  # (count, dtype, op, round): the same kind of call was validated before
         if last is not None and last[0] == buf.size and last[1] is buf.dtype and last[2] is op:
             round_ = last[3]
@@ -89,6 +106,7 @@ class SharedMemoryMethods:
         if progress_slot is not None:
             progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
         shm = self._shm
+        assert shm is not None  # the fast path is only taken with shared memory (see allreduce)
         shm.inline_seq = seq  # the context, should it be needed (see SharedMemoryTransport)
         shm.inline_nbytes = buf.nbytes
         round_(buf if buf.ndim == 1 else buf.reshape(-1), buf.nbytes)

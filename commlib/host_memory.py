@@ -52,10 +52,11 @@ def open_host_memory(comm: MPI.Comm, config, *, p2p, progress_board) -> Optional
     finally:
         host_comm.Free()
     everywhere = comm.allreduce(files is not None, op=MPI.LAND)
-    if not everywhere:
+    if not everywhere or files is None:  # files is None only where everywhere is False
         if files is not None:
             for mapping in files.mappings:
-                mapping.close()
+                if mapping is not None:
+                    mapping.close()
         return None
     single_host = len(host_ranks) == size
     transport = SharedMemoryTransport(files.mappings, files.host_rank, layout,

@@ -27,7 +27,7 @@ import os
 import threading
 import time
 import weakref
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -82,7 +82,9 @@ class PointToPoint:
         weakref.finalize(self, _free_quietly, self.comm).atexit = False
         # User tags take the lower half of the MPI library's tag range, the monitored barrier
         # the upper half, so the two can never match each other.
-        self.tag_limit = (int(self.comm.Get_attr(MPI.TAG_UB)) + 1) // 2
+        tag_ub = self.comm.Get_attr(MPI.TAG_UB)
+        assert tag_ub is not None  # the standard guarantees TAG_UB on every communicator
+        self.tag_limit = (int(tag_ub) + 1) // 2
         self._numbers = 0
         self._barriers = 0
         self._lock = threading.Condition()
@@ -176,7 +178,7 @@ class PointToPoint:
         return _Operation(kind, number, flat, peer, tag, timeout, request)
 
     def _wait_here(self, operation: _Operation):
-        gone = []
+        gone: List[int] = []
 
         def give_up() -> bool:
             gone[:] = self._peers_gone(operation)
@@ -217,7 +219,7 @@ class PointToPoint:
                     return
                 operations = list(self._pending)
             now = time.monotonic()
-            finished = []
+            finished: List[Tuple[_Operation, Optional[BaseException]]] = []
             for operation in operations:
                 try:
                     done = operation.request.Test(operation.status)
@@ -350,6 +352,8 @@ class PointToPoint:
 
 class PointToPointMethods:
     """``ProcessGroup``'s point-to-point methods (mixed in; the channel is ``self._p2p``)."""
+
+    _p2p: PointToPoint
 
     def send(self, buf, dst: int, tag: int = 0, *, timeout: Optional[float] = None) -> None:
         """Send ``buf`` to rank ``dst`` of this group; returns once MPI has taken the bytes."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -76,7 +76,7 @@ class ProgressBoard:
             self.mine = np.zeros(1, np.int64)
         self.mine[0] = 0
         # A memoryview store costs a third of a numpy item store; the hot path uses it.
-        self.mine_slot = memoryview(self.mine)
+        self.mine_slot: Optional[memoryview] = memoryview(self.mine)
 
     @staticmethod
     def encode(seq: int, collective: str) -> int:
@@ -168,7 +168,7 @@ class ProgressBoard:
             return {}, {}
         endpoints = dict(enumerate(topology.witness_endpoints))
         if not self.key or not endpoints:
-            return {}, {host: "no crash witness (COMMLIB_CRASH_WITNESS=0?)" for host in ranks_by_host}
+            return {}, dict.fromkeys(ranks_by_host, "no crash witness (COMMLIB_CRASH_WITNESS=0?)")
         from .remote_progress import ask_hosts
 
         states, failures = ask_hosts(self.key, endpoints, ranks_by_host)
@@ -231,4 +231,5 @@ def _map_shared_board(node_comm: MPI.Comm):
                            kind="board", peers_writable=True, keep_fds=True)
     if files is None:
         return None, None
+    assert files.fds is not None  # keep_fds
     return files.mappings[0], files.fds[0]

@@ -51,7 +51,7 @@ def interface_addresses() -> List[str]:
     found += _global_ipv6_addresses()
     if not found:
         try:
-            found = [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)]
+            found = [str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)]
         except OSError:
             pass
     usable = []
@@ -84,7 +84,8 @@ def reachable_root_address(comm, connect_timeout: float = 5.0) -> str:
     if len(set(hosts)) == 1:
         return "127.0.0.1"
     rank = comm.Get_rank()
-    listener = offer = None
+    listener: Optional[_ProbeListener] = None
+    offer: Optional[Tuple[List[str], int, bytes]] = None
     if rank == 0:
         candidates = interface_addresses()
         if candidates:
@@ -94,25 +95,28 @@ def reachable_root_address(comm, connect_timeout: float = 5.0) -> str:
     if offer is None:
         raise CommError(f"rank {rank}: rank 0 (host {hosts[0]}) has no network address other ranks "
                         f"could reach (only loopback or link-local); set MASTER_ADDR and MASTER_PORT")
-    chosen, attempts = ("127.0.0.1", []) if rank == 0 else _first_reachable(*offer, connect_timeout)
+    candidates, port, token = offer
+    chosen, attempts = ("127.0.0.1", []) if rank == 0 else _first_reachable(candidates, port, token, connect_timeout)
     reports = comm.gather((chosen, attempts), root=0)
     if listener is not None:
         listener.close()
     failures = None
     if rank == 0:
-        failures = [f"rank {peer} on host {hosts[peer]} tried " + ", ".join(f"{address} ({why})" for address, why in tried)
+        failures = [f"rank {peer} on host {hosts[peer]} tried "
+                    + ", ".join(f"{address} ({why})" for address, why in tried)
                     for peer, (address, tried) in enumerate(reports) if address is None]
     failures = comm.bcast(failures, root=0)
     if failures:
         raise CommError(f"rank {rank}: no address of rank 0's host {hosts[0]} was reachable from every "
                         f"rank (probe port {offer[1]}): {'; '.join(failures)}. Set MASTER_ADDR (and "
                         f"MASTER_PORT) to an address of rank 0's host that every host can reach")
+    assert chosen is not None  # a rank that reached none is in failures, and every rank raised
     return chosen
 
 
 def _first_reachable(candidates, port: int, token: bytes, connect_timeout: float
                      ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
-    attempts = []
+    attempts: List[Tuple[str, str]] = []
     for address in candidates:
         try:
             with socket.create_connection((address, port), timeout=connect_timeout) as connection:

@@ -108,9 +108,9 @@ def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str,
         for mapping in mappings:
             if mapping is not None:
                 mapping.close()
-        for fd in fds:
-            if fd is not None:
-                os.close(fd)
+        for kept in fds:
+            if kept is not None:
+                os.close(kept)
         return None
     return HostFiles(mappings, [pid for _path, _bytes, pid, _failed in entries], socket.gethostname(),
                      host_rank, fds if keep_fds else None)

@@ -85,5 +85,5 @@ def _close_groups_at_exit() -> None:
             continue
         try:
             group.close()
-        except Exception:  # exit must go on: a failure here must not keep MPI from finalizing
+        except Exception:  # noqa: BLE001 - exit must go on: a failure here must not keep MPI from finalizing
             pass

@@ -16,7 +16,7 @@ Sub-groups compute their own. The in-process transport builds one from a shape
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union, cast
 
 __all__ = ["Topology", "discover_topology"]
 
@@ -62,13 +62,14 @@ class Topology:
         host_ranks: List[Tuple[int, ...]] = []
         if all(isinstance(item, int) for item in shape):
             start = 0
-            for count in shape:
+            for count in cast(Sequence[int], shape):
                 if count < 1:
                     raise ValueError(f"topology: every host needs at least one rank, got {list(shape)}")
                 host_ranks.append(tuple(range(start, start + count)))
                 start += count
         else:
-            host_ranks = sorted((tuple(sorted(ranks)) for ranks in shape), key=lambda ranks: ranks[0])
+            host_ranks = sorted((tuple(sorted(ranks)) for ranks in cast(Sequence[Sequence[int]], shape)),
+                                key=lambda ranks: ranks[0])
         names = tuple(names) if names is not None else tuple(f"host{h}" for h in range(len(host_ranks)))
         return cls(rank, names, tuple(host_ranks))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Optional
 
 import numpy as np
 
@@ -87,7 +88,7 @@ def check_root(root, size: int, collective: str) -> int:
         return root
     if isinstance(root, bool) or not isinstance(root, numbers.Integral):
         raise InvalidUsageError(f"{collective}: root must be an int rank, got {type(root).__name__}")
-    if not 0 <= root < size:
+    if not 0 <= int(root) < size:
         raise InvalidUsageError(f"{collective}: root {root} out of range; expected 0 <= root < {size}")
     return int(root)
 
@@ -115,14 +116,14 @@ def check_counts(counts, size: int, collective: str, name: str, total: int, buff
             raise InvalidUsageError(f"{collective}: {name}[{index}] must be an int, got {value!r}")
         if value < 0:
             raise InvalidUsageError(f"{collective}: {name}[{index}] is {value}; expected a count >= 0")
-    values = tuple(int(value) for value in values)
-    if sum(values) != total:
-        raise InvalidUsageError(f"{collective}: {name} add up to {sum(values)} elements; expected "
+    checked = tuple(int(value) for value in values)
+    if sum(checked) != total:
+        raise InvalidUsageError(f"{collective}: {name} add up to {sum(checked)} elements; expected "
                                 f"{buffer_name}.size = {total}")
-    return values
+    return checked
 
 
-def check_peer(peer, size: int, rank: int, what: str, *, any_source: int = None) -> int:
+def check_peer(peer, size: int, rank: int, what: str, *, any_source: Optional[int] = None) -> int:
     """Another rank of the group (or ``any_source`` where a receive allows it)."""
     if isinstance(peer, bool) or not isinstance(peer, numbers.Integral):
         raise InvalidUsageError(f"{what}: the peer must be an int rank, got {peer!r}")
@@ -140,6 +141,6 @@ def check_peer(peer, size: int, rank: int, what: str, *, any_source: int = None)
 def check_tag(tag, limit: int, what: str) -> int:
     if isinstance(tag, bool) or not isinstance(tag, numbers.Integral):
         raise InvalidUsageError(f"{what}: tag must be an int, got {tag!r}")
-    if not 0 <= tag < limit:
+    if not 0 <= int(tag) < limit:
         raise InvalidUsageError(f"{what}: tag {tag} out of range; expected 0 <= tag < {limit}")
     return int(tag)

@@ -65,7 +65,7 @@ class Work:
         self._lock = threading.Lock()
         self._executor = executor  # orders add_done_callback; None: callbacks run on completion
         # Arrays the collective reads or writes stay referenced until it completes.
-        self.keepalive = None
+        self.keepalive: Any = None
 
     # -- completion (runtime side) --------------------------------------------------------------
     def _complete(self, error: Optional[BaseException] = None) -> None:

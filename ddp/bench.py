@@ -40,6 +40,7 @@ import json
 import os
 import socket
 import statistics
+from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +55,9 @@ __all__ = ["main"]
 
 def build_model(name: str):
     if name == "mlp":  # 1024-4096-4096-1024: 25.2M parameters
-        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
-                                    torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
+        model: torch.nn.Module = torch.nn.Sequential(
+            torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+            torch.nn.Linear(4096, 1024))
         return model, (lambda batch: (torch.randn(batch, 1024), torch.randn(batch, 1024))), 128
     if name == "transformer":  # 3 layers, d512, ff2048, seq 128: 9.5M parameters
         layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, batch_first=True)
@@ -125,7 +127,7 @@ def interleaved_steps(factories, x, y, steps: int, warmup: int, samples, hidden_
     The turns are ``commlib.benchtools.step_in_turn``'s (a barrier before each step, the first
     configuration rotating); ``hidden_samples`` gets our DDP's hidden fraction of each timed step.
     """
-    optimizers = {}
+    optimizers: Dict[object, torch.optim.Optimizer] = {}
 
     def step(key, model):
         optimizer = optimizers.get(key)
@@ -245,8 +247,8 @@ def main(argv=None) -> None:
     # step each, ``--steps`` turns (after ``--warmup``), ``--rounds`` times: a slow spell of the
     # shared machine lands on all of them alike, so their ratios hold even when the absolute
     # times drift (measured blocks one configuration after another differed by 10-20%).
-    samples = {}
-    hidden_samples = {}
+    samples: Dict[object, List[float]] = {}
+    hidden_samples: Dict[object, List[float]] = {}
     for _ in range(args.rounds):
         for cap in args.caps:
             factories = {("local",): replica, ("nosync",): lambda: DistributedDataParallel(replica()),
@@ -310,7 +312,7 @@ def print_table(rows, args, size, grad_bytes, why_not) -> None:
         mpi = "n/a" if row["mpi_only_ms"] is None else f"{row['mpi_only_ms']:.1f}"
         cost = ("n/a" if row["mpi_only_ms"] is None or row["mpi_only_ms"] <= row["nosync_ms"] else
                 f"{(row['ours_ms'] - row['nosync_ms']) / (row['mpi_only_ms'] - row['nosync_ms']):.2f}")
-        print(f"{row['cap_mb']:>6g} {str(row['view']):>5} {row['buckets']:>4} {row['ours_ms']:>8.1f} {mpi:>8} "
+        print(f"{row['cap_mb']:>6g} {row['view']!s:>5} {row['buckets']:>4} {row['ours_ms']:>8.1f} {mpi:>8} "
               f"{row['gloo_ms']:>8.1f} {tcl:>8} {row['nosync_ms']:>7.1f} {row['local_ms']:>7.1f} "
               f"{row['ours_ms'] / row['gloo_ms']:>9.2f} {cost:>8} {hidden:>6} {row['bufs_per_grad']:>6.2f} "
               f"{row['extra_per_grad']:>7.2f} {row['rss_extra_per_grad']:>6.2f} {row['pss_extra_per_grad']:>6.2f}")

@@ -30,13 +30,14 @@ import gc
 import json
 import statistics
 import time
+from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
 
 import commlib
 
-from .averaging import HierarchicalModelAverager, PartialModelAverager, PeriodicModelAverager
+from .averaging import HierarchicalModelAverager, ModelAverager, PartialModelAverager, PeriodicModelAverager
 from .bench import build_model, set_mmap_threshold
 from .distributed import DistributedDataParallel
 from .hooks import PostLocalSGDState, PowerSGDState, post_localSGD_hook, powerSGD_hook
@@ -61,6 +62,7 @@ def build(method, base, args, group):
         return model, optimizer, None
     model.register_comm_hook(PostLocalSGDState(None, None, START, post_local_gradient_allreduce=False),
                              post_localSGD_hook)
+    averager: ModelAverager
     if method == "localsgd":
         averager = PeriodicModelAverager(args.period, warmup_steps=START)
     elif method == "hierarchical":
@@ -130,7 +132,7 @@ def main(argv=None) -> None:
     base, make_batch, default_batch = build_model(args.model)
     torch.manual_seed(1 + group.rank)
     x, y = make_batch(args.batch or default_batch)
-    samples = {method: [] for method in args.sync}
+    samples: Dict[str, List[float]] = {method: [] for method in args.sync}
     sent = {}
     for round_index in range(args.rounds):
         order = args.sync[round_index % len(args.sync):] + args.sync[:round_index % len(args.sync)]
@@ -150,7 +152,8 @@ def print_table(args, group, base, samples, sent) -> None:
           f"threads={args.threads} bucket_cap={args.bucket_cap}MB gradient_as_bucket_view={not args.no_view}")
     reference = statistics.median(samples[args.sync[0]])
     reference_bytes = sent[args.sync[0]]
-    print(f"{'sync':>12} {'ms/step':>9} {'vs ' + args.sync[0]:>8} {'MB/step':>9} {'bytes vs':>9} {'blocks (ms/step)':>20}")
+    print(f"{'sync':>12} {'ms/step':>9} {'vs ' + args.sync[0]:>8} {'MB/step':>9} {'bytes vs':>9} "
+          f"{'blocks (ms/step)':>20}")
     rows = []
     for method in args.sync:
         median = statistics.median(samples[method])

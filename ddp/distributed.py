@@ -21,7 +21,7 @@ __all__ = ["DistributedDataParallel"]
 
 
 def _check_cap(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
         raise ValueError(f"DistributedDataParallel: {name} must be a positive number of MiB, got {value!r}")
     return float(value)
 
@@ -88,7 +88,7 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
             raise ValueError(f"DistributedDataParallel: the module's parameters live on several "
                              f"devices {sorted(map(str, devices))}; expected one device per process")
         verify_same_parameters(self.process_group, named)
-        self._buffers_to_sync = [b for b in module.buffers()]
+        self._buffers_to_sync = list(module.buffers())
         broadcast_tensors(self.process_group, [p.data for _, p in named] + self._buffers_to_sync)
 
         trainable = [(n, p) for n, p in named if p.requires_grad]

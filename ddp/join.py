@@ -22,15 +22,16 @@ Rules (as torch's): list every Joinable whose collectives run in the loop, in th
 issue them within an iteration (``[model, averager]``), all on one process group; a Joinable
 that is not first but is called before the first one in an iteration, or one used inside a Join
 of its group that does not list it, raises ``RuntimeError`` on every rank (instead of leaving the
-others waiting for a joined rank until their timeout). Differences from torch: ``notify_join_context`` returns the ``Join`` (or None)
-rather than a work handle; buffers broadcast under Join come from the lowest active rank
-(rank 0 until it joins, as without Join; torch takes the highest).
+others waiting for a joined rank until their timeout). Differences from torch:
+``notify_join_context`` returns the ``Join`` (or None) rather than a work handle; buffers
+broadcast under Join come from the lowest active rank (rank 0 until it joins, as without Join;
+torch takes the highest).
 """
 
 from __future__ import annotations
 
 import abc
-from typing import List, Optional, Sequence
+from typing import ClassVar, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -133,7 +134,7 @@ class Join:
         return active[0] if active else 0
 
     # -- the protocol ----------------------------------------------------------------------
-    _active: List["Join"] = []  # the enabled Joins entered and not yet exited (see notify_join_context)
+    _active: ClassVar[List["Join"]] = []  # the enabled Joins entered and not yet exited (see notify_join_context)
 
     def __enter__(self):
         for index, joinable in enumerate(self._joinables):

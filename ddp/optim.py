@@ -31,11 +31,11 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
                             averager.warmup_steps, "PostLocalSGDOptimizer")
 
     @property
-    def state(self):
+    def state(self):  # type: ignore[override]  # the wrapped optimizer's, even after it replaced its dict
         return self.optim.state
 
     @property
-    def defaults(self):
+    def defaults(self):  # type: ignore[override]  # the wrapped optimizer's
         return self.optim.defaults
 
     def __repr__(self) -> str:

@@ -20,7 +20,7 @@ actually became ready on rank 0 (broadcast, so that every rank builds the same p
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -42,9 +42,10 @@ def param_specs(params: Sequence[torch.Tensor]) -> List[ParamSpec]:
             for p in params]
 
 
-def _wait_for_result(work: HookResult):
+def _wait_for_result(work: Optional[HookResult]):
     """The reduced buffer of a hook's handle: a :class:`commlib.WorkHandle` (``result()``) or a
     ``torch.futures.Future`` (``wait()`` returns the value; torch-style hooks return ``[tensor]``)."""
+    assert work is not None  # only launched buckets are waited for
     if hasattr(work, "result"):
         result = work.result()
     else:
@@ -65,9 +66,10 @@ class _Bucket:
         # In the group's shared memory where that helps (one host): the allreduce then reads the
         # peers' buckets in place, and with gradient_as_bucket_view autograd writes the
         # gradients straight there, so a gradient is never copied on its way to the average.
-        self.flat = symmetric_zeros(group, plan.numel, first.dtype, first.device)
-        if self.flat is None:
-            self.flat = torch.zeros(plan.numel, dtype=first.dtype, device=first.device)
+        flat = symmetric_zeros(group, plan.numel, first.dtype, first.device)
+        if flat is None:
+            flat = torch.zeros(plan.numel, dtype=first.dtype, device=first.device)
+        self.flat = flat
         self.array = to_array(self.flat)
         self.views = [self.flat[offset:offset + params[i].numel()].view(params[i].shape)
                       for i, offset in zip(plan.params, plan.offsets)]
@@ -79,7 +81,8 @@ class _Bucket:
     def reset(self) -> None:
         self.pending = len(self.params)
         self.work = None
-        self.launched_at = self._done_at = None
+        self.launched_at: Optional[float] = None
+        self._done_at: Optional[float] = None
         self.sent.reset()
 
     def launched(self, work) -> None:
@@ -114,7 +117,8 @@ class Reducer:
         self.find_unused_parameters = find_unused_parameters
         self.algorithm = algorithm
         self.tracer = tracer
-        self.comm_hook, self.comm_hook_state = allreduce_hook, None
+        self.comm_hook: CommHook = allreduce_hook
+        self.comm_hook_state = None
         self.specs = param_specs(params)
         self._trainable = [i for i, p in enumerate(params) if p.requires_grad]
         self._build(plan_buckets(self.specs, cap_bytes, first_cap_bytes,
@@ -128,7 +132,7 @@ class Reducer:
         self._unused: List[int] = []
         self._local_used = np.zeros(len(params), dtype=np.int32)
         self._next_launch = 0
-        self._backward_started_at = None
+        self._backward_started_at: Optional[float] = None
         self._last_stats: Optional[dict] = None
         self._divisor: Optional[int] = None  # Join(divide_by_initial_world_size=False): ranks still in
         self._handles = autograd_hooks.register_grad_ready_hooks(params, self._on_grad_ready)
@@ -139,7 +143,7 @@ class Reducer:
 
     def _build(self, plans: List[BucketPlan]) -> None:
         self.buckets = [_Bucket(i, plan, self.params, self.group) for i, plan in enumerate(plans)]
-        self._slot = [None] * len(self.params)  # param index -> (bucket, view)
+        self._slot: Dict[int, Tuple[_Bucket, torch.Tensor]] = {}  # param index -> (bucket, view)
         for bucket in self.buckets:
             for index, view in zip(bucket.params, bucket.views):
                 self._slot[index] = (bucket, view)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -31,7 +31,7 @@ def host_of_each_rank(group) -> List[int]:
         return [topology.host_of(rank) for rank in range(group.size)]
     keys = np.empty(group.size, np.int64)
     group.allgather(keys, np.array([_host_key()], np.int64))
-    numbers = {}
+    numbers: Dict[int, int] = {}
     return [numbers.setdefault(int(key), len(numbers)) for key in keys]
 
 
@@ -47,6 +47,7 @@ def subgroup_of(group, partition: Sequence[Sequence[int]]) -> Tuple[object, List
         created = group.new_group(ranks)
         if created is not None:
             mine = created, ranks
+    assert mine is not None  # a partition holds every rank (both callers build one)
     return mine
 
 

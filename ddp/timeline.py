@@ -125,7 +125,7 @@ def step_stats(trace: dict) -> List[StepStats]:
         if not any(spans[name] for name in COMPUTE_SPANS):
             continue
         finalize = union(spans["finalize"])
-        busy = subtract(union(sum((spans[name] for name in COMPUTE_SPANS), [])), finalize)
+        busy = subtract(union([span for name in COMPUTE_SPANS for span in spans[name]]), finalize)
         comm = union(spans["allreduce"])
         everything = [iv for name, ivs in spans.items() for iv in ivs]
         out.append(StepStats(
@@ -137,6 +137,9 @@ def step_stats(trace: dict) -> List[StepStats]:
             buckets=len({e["args"].get("bucket") for e in events if e["name"] == "allreduce"}),
         ))
     return out
+
+
+_MEAN_FIELDS = ("forward_us", "backward_us", "finalize_us", "optimizer_us", "comm_us", "hidden_us")
 
 
 def summarize(stats: List[StepStats], max_steps: int = 12, out=sys.stdout) -> None:
@@ -155,16 +158,16 @@ def summarize(stats: List[StepStats], max_steps: int = 12, out=sys.stdout) -> No
           f"{'comm':>9} {'hidden':>9} {'hidden %':>8}   (ms, mean per step, step {first} left out)", file=out)
     for rank, rows in sorted(by_rank.items()):
         rows = [r for r in rows if r.step != first] or rows
-        mean = lambda field: statistics.fmean(getattr(r, field) for r in rows) / 1e3  # noqa: E731
+        mean = {field: statistics.fmean(getattr(r, field) for r in rows) / 1e3 for field in _MEAN_FIELDS}
         comm, hidden = sum(r.comm_us for r in rows), sum(r.hidden_us for r in rows)
-        print(f"{rank:>4} {len(rows):>5} {mean('forward_us'):>9.3f} {mean('backward_us'):>9.3f} "
-              f"{mean('finalize_us'):>9.3f} {mean('optimizer_us'):>9.3f} {mean('comm_us'):>9.3f} "
-              f"{mean('hidden_us'):>9.3f} {100 * hidden / comm if comm else 0:>7.1f}%", file=out)
+        print(f"{rank:>4} {len(rows):>5} {mean['forward_us']:>9.3f} {mean['backward_us']:>9.3f} "
+              f"{mean['finalize_us']:>9.3f} {mean['optimizer_us']:>9.3f} {mean['comm_us']:>9.3f} "
+              f"{mean['hidden_us']:>9.3f} {100 * hidden / comm if comm else 0:>7.1f}%", file=out)
     counted = [s for s in stats if s.step != first] or stats
     comm, hidden = sum(s.comm_us for s in counted), sum(s.hidden_us for s in counted)
     print(f"communication hidden behind computation: {100 * hidden / comm if comm else 0:.1f}% "
           f"of {comm / 1e3:.3f} ms allreduce time (all ranks and steps)", file=out)
-    slowest_count = defaultdict(int)
+    slowest_count: Dict[int, int] = defaultdict(int)
     print(f"{'step':>5} {'slowest':>7} {'busy ms':>8} {'others wait ms':>14} {'step ms':>8}", file=out)
     for index, (step, rows) in enumerate(sorted(by_step.items())):
         slowest = max(rows, key=lambda r: r.busy_us)
@@ -202,7 +205,8 @@ def draw_step(trace: dict, step: int, png_path) -> None:
     ranks = sorted(grouped)
     origin = min(e["ts"] for events in grouped.values() for e in events)
     colors = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868", "finalize": "#c44e52"}
-    bucket_colors = plt.get_cmap("tab20").colors
+    tab20 = plt.get_cmap("tab20")
+    bucket_colors = [tab20(i) for i in range(tab20.N)]
     hidden = {s.rank: s.hidden_fraction for s in step_stats(trace) if s.step == step}
     fig, ax = plt.subplots(figsize=(12, 1.6 + 1.1 * len(ranks)))
     yticks, ylabels = [], []

@@ -3,7 +3,8 @@
 
 Each rank contributes ``rank + i mod 4096`` at index ``i``: small integers, so every partial sum
 is exact in float32 whatever the order and the result has a closed form, ``P*(i mod 4096) +
-P(P-1)/2``. A wrong element anywhere is counted on every rank. Times are medians over ``--iters`` runs after one warm-up, measured between barriers.
+P(P-1)/2``. A wrong element anywhere is counted on every rank. Times are medians over
+``--iters`` runs after one warm-up, measured between barriers.
 """
 
 import argparse

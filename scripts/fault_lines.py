@@ -29,12 +29,13 @@ def main() -> None:
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'mpi'}", OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
-    print("| mode | runs | cause line present | non-zero exit | ranks that said why, median (min) | median s | example |")
+    print("| mode | runs | cause line present | non-zero exit | ranks that said why, median (min) | median s "
+          "| example |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for mode in args.modes.split(","):
         present = failed = 0
         times, example, misses, reporters = [], "", [], []
-        for run in range(args.runs):
+        for _ in range(args.runs):
             started = time.monotonic()
             result = subprocess.run([mpiexec, "-n", str(args.nprocs), sys.executable,
                                      str(ROOT / "tests" / "mpi" / "faults.py"), mode, TIMEOUT],

@@ -61,9 +61,9 @@ def probe():
             parts.append(f"gpu '{torch.cuda.get_device_name(0)}' x{torch.cuda.device_count()}")
             try:
                 parts.append(f"torch-nccl {'.'.join(map(str, torch.cuda.nccl.version()))}")
-            except Exception:
+            except Exception:  # noqa: BLE001 - an optional detail of the environment line
                 pass
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported in the environment line; the checks still run
         parts.append(f"torch missing ({exc.__class__.__name__}: {exc})")
     try:
         import cupy
@@ -71,16 +71,17 @@ def probe():
         parts.append(f"cupy {cupy.__version__}")
         count = cupy.cuda.runtime.getDeviceCount()
         gpu_ok = count > 0
-        parts.append(f"cuda runtime {cupy.cuda.runtime.runtimeGetVersion()} driver {cupy.cuda.runtime.driverGetVersion()}")
+        runtime = cupy.cuda.runtime
+        parts.append(f"cuda runtime {runtime.runtimeGetVersion()} driver {runtime.driverGetVersion()}")
         try:
             from cupy.cuda import nccl
 
             from commlib.gpu.preflight import format_nccl_version
 
             parts.append(f"nccl {format_nccl_version(nccl.get_version())}")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported in the environment line
             parts.append(f"nccl unavailable ({exc})")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - no GPU is a finding to report, not a crash
         parts.append(f"no GPU: {exc.__class__.__name__}: {exc}")
     try:
         import mpi4py
@@ -90,7 +91,7 @@ def probe():
 
         parts.append(f"MPI '{MPI.Get_library_version().splitlines()[0].strip()[:40]}'")
         mpi_ok = True
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported in the environment line
         parts.append(f"no MPI library ({exc.__class__.__name__}: {exc}); carry the mpich wheel in .whl/")
     mpiexec = find_mpiexec()
     parts.append(f"mpiexec {mpiexec or 'NOT FOUND'}")
@@ -130,11 +131,12 @@ def run_check(command, timeout, log_path):
 
 
 def summary_of(output: str, rc) -> str:
-    lines = [l for l in output.strip().splitlines() if l.strip()]
+    lines = [line for line in output.strip().splitlines() if line.strip()]
     if rc == 0:
-        interesting = [l for l in lines if l.startswith(("OK:", "overlap", "ordering", "watchdog", "error:", "spin"))]
+        interesting = [line for line in lines
+                       if line.startswith(("OK:", "overlap", "ordering", "watchdog", "error:", "spin"))]
         return " | ".join(interesting[-4:]) or (lines[-1] if lines else "")
-    failed = [l for l in lines if "FAILED" in l or "Error" in l or "rank " in l]
+    failed = [line for line in lines if "FAILED" in line or "Error" in line or "rank " in line]
     return " | ".join((failed or lines)[-4:])[:800]
 
 

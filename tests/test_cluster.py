@@ -99,8 +99,8 @@ def test_up_makes_hosts_with_own_names_and_down_removes_everything():
         switch_side = run(["tc", "-n", f"{name}-sw", "qdisc", "show"]).stdout
         assert len(re.findall(r"qdisc tbf .* rate 100Mbit", switch_side)) == 3, switch_side  # what hosts receive
         # Host 0 reaches host 2 by its address (the bridge forwards).
-        reached = cluster.exec("h0", [sys.executable, "-c", "import socket, sys; s = socket.socket(); "
-                                      "s.settimeout(5); print(s.connect_ex((sys.argv[1], 9)))",
+        reached = cluster.exec("h0", [sys.executable, "-c", ("import socket, sys; s = socket.socket(); "
+                                                             "s.settimeout(5); print(s.connect_ex((sys.argv[1], 9)))"),
                                       cluster.addresses[2]], timeout=30)
         assert reached.stdout.strip() == str(111), reached.stdout  # ECONNREFUSED: reached, nothing listens
         assert_nothing_of_ours_in_the_root_namespace(state, links_before)
@@ -136,8 +136,8 @@ def test_two_clusters_made_at_once_do_not_collide(namespaces):
 
 
 def test_a_killed_owners_cluster_is_reaped_by_the_next_up(namespaces):
-    owner = subprocess.Popen([sys.executable, "-c", "import sys, time; from commlib.cluster import Cluster; "
-                              "c = Cluster(2); print(c.name, flush=True); time.sleep(600)"],
+    owner = subprocess.Popen([sys.executable, "-c", ("import sys, time; from commlib.cluster import Cluster; "
+                                                     "c = Cluster(2); print(c.name, flush=True); time.sleep(600)")],
                              stdout=subprocess.PIPE, text=True, env=ENV, cwd=str(ROOT))
     try:
         name = owner.stdout.readline().strip()
@@ -166,8 +166,8 @@ def test_cli_up_with_an_owner_is_reaped_once_the_owner_is_gone(namespaces):
 
 
 def test_a_terminated_owner_removes_its_cluster(namespaces):
-    owner = subprocess.Popen([sys.executable, "-c", "import sys, time; from commlib.cluster import Cluster; "
-                              "c = Cluster(2); print(c.name, flush=True); time.sleep(600)"],
+    owner = subprocess.Popen([sys.executable, "-c", ("import sys, time; from commlib.cluster import Cluster; "
+                                                     "c = Cluster(2); print(c.name, flush=True); time.sleep(600)")],
                              stdout=subprocess.PIPE, text=True, env=ENV, cwd=str(ROOT))
     name = owner.stdout.readline().strip()
     assert our_traces(name)

@@ -103,7 +103,8 @@ def broadcast_matrix(matrix, size):
                     bufs = [tagged(rank, count, dtype) for rank in range(size)]
                     sent = bufs[root].copy()
                     matrix.add(f"{dtype_name} n={count} root={root} seg={segment_bytes}",
-                               lambda fn, t, r, bufs=bufs, root=root, s=segment_bytes: fn(t, bufs[r], root, segment_bytes=s),
+                               lambda fn, t, r, bufs=bufs, root=root, s=segment_bytes: fn(
+                                   t, bufs[r], root, segment_bytes=s),
                                lambda r, bufs=bufs, sent=sent: mismatch(bufs[r], sent))
 
 
@@ -184,7 +185,8 @@ def alltoallv_matrix(matrix, size):
         dtype = dtype_of(dtype_name)
         for pattern in range(3):
             counts = alltoallv_counts(size, pattern)
-            inps = [np.concatenate([tagged(i, counts[i][j], dtype, salt=j) for j in range(size)] or [np.empty(0, dtype)])
+            inps = [np.concatenate([tagged(i, counts[i][j], dtype, salt=j) for j in range(size)]
+                                   or [np.empty(0, dtype)])
                     for i in range(size)]
             outs = [np.full(sum(counts[i][j] for i in range(size)), 99, dtype) for j in range(size)]
             expected = [np.concatenate([tagged(i, counts[i][j], dtype, salt=j) for i in range(size)])
@@ -205,7 +207,8 @@ def gather_matrix(matrix, size):
                 outs = [np.full(block * size, 99, dtype) if rank == root else None for rank in range(size)]
                 expected = np.concatenate(inps)
                 matrix.add(f"{dtype_name} block={block} root={root}",
-                           lambda fn, t, r, outs=outs, inps=inps, root=root: fn(t, outs[r], inps[r], root, segment_bytes=8),
+                           lambda fn, t, r, outs=outs, inps=inps, root=root: fn(
+                               t, outs[r], inps[r], root, segment_bytes=8),
                            lambda r, outs=outs, root=root, expected=expected:
                            mismatch(outs[r], expected) if r == root else None)
 
@@ -219,7 +222,8 @@ def scatter_matrix(matrix, size):
                 inps = [source.copy() if rank == root else None for rank in range(size)]
                 outs = [np.full(block, 99, dtype) for _ in range(size)]
                 matrix.add(f"{dtype_name} block={block} root={root}",
-                           lambda fn, t, r, outs=outs, inps=inps, root=root: fn(t, outs[r], inps[r], root, segment_bytes=8),
+                           lambda fn, t, r, outs=outs, inps=inps, root=root: fn(
+                               t, outs[r], inps[r], root, segment_bytes=8),
                            lambda r, outs=outs, inps=inps, root=root, source=source, block=block:
                            mismatch(outs[r], source[r * block:(r + 1) * block])
                            or (mismatch(inps[r], source) if r == root else None))
@@ -272,7 +276,7 @@ def round_of(step):
 def test_binomial_broadcast_has_depth_log2_p_and_p_minus_1_messages(size):
     for root in roots_for(size):
         bufs = [np.zeros(6, np.int32) for _ in range(size)]
-        records = record("broadcast", "binomial", size, lambda fn, t, r: fn(t, bufs[r], root))
+        records = record("broadcast", "binomial", size, lambda fn, t, r, bufs=bufs, root=root: fn(t, bufs[r], root))
         assert len(records) == size - 1
         assert sorted(r.dst for r in records) == sorted(set(range(size)) - {root})  # each receives once
         parent = {r.dst: r.src for r in records}
@@ -280,7 +284,7 @@ def test_binomial_broadcast_has_depth_log2_p_and_p_minus_1_messages(size):
         for r in records:
             served[r.src].append(r.dst)
 
-        def rounds(rank):  # one send at a time: the round in which ``rank`` has the data
+        def rounds(rank, root=root, parent=parent, served=served):  # one send at a time: when ``rank`` has the data
             return 0 if rank == root else rounds(parent[rank]) + 1 + served[parent[rank]].index(rank)
 
         assert max(rounds(rank) for rank in range(size)) == math.ceil(math.log2(size))
@@ -305,7 +309,8 @@ def test_scatter_allgather_broadcast_delivers_each_byte_once(size):
     count = 12 * size
     for root in roots_for(size):
         bufs = [np.zeros(count, np.float32) for _ in range(size)]
-        records = record("broadcast", "scatter_allgather", size, lambda fn, t, r: fn(t, bufs[r], root))
+        records = record("broadcast", "scatter_allgather", size,
+                         lambda fn, t, r, bufs=bufs, root=root: fn(t, bufs[r], root))
         received = Counter()
         for r in records:
             received[r.dst] += r.nbytes
@@ -346,7 +351,7 @@ def test_ring_allgather_talks_to_neighbours_in_p_minus_1_steps(size):
     records = record("allgather", "ring", size, lambda fn, t, r: fn(t, outs[r], inps[r]))
     assert all(r.dst == (r.src + 1) % size for r in records)
     assert len({r.step for r in records}) == size - 1
-    assert Counter(r.src for r in records) == {rank: size - 1 for rank in range(size)}
+    assert Counter(r.src for r in records) == dict.fromkeys(range(size), size - 1)
     assert {r.nbytes for r in records} == {block * 4}
 
 

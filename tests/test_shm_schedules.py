@@ -106,7 +106,7 @@ def test_matrix_on_symmetric_plain_and_mixed_buffers(size):
         if op is not ReduceOp.AVG:
             expected = expected.astype(np.int64).astype(dtype) if dtype.kind in "iu" else expected.astype(dtype)
         for rank, result in enumerate(buffers[case]):
-            if op is ReduceOp.AVG or size == 1 and op is ReduceOp.AVG:
+            if op is ReduceOp.AVG or (size == 1 and op is ReduceOp.AVG):
                 ok = np.allclose(result.astype(np.float64), expected, rtol=1e-2 if dtype.itemsize == 2 else 1e-6)
             else:
                 ok = np.array_equal(result.astype(np.float64), expected.astype(np.float64))

@@ -8,6 +8,9 @@ keeping up to ``window`` forwards in flight. Without a parent (the root) it only
 from __future__ import annotations
 
 import collections
+from typing import Deque
+
+from ..transports.interface import Pending
 
 __all__ = ["forward_segments", "drain"]
 
@@ -21,8 +24,8 @@ def drain(pendings, keep: int) -> None:
 def forward_segments(transport, buf, segments, parent: int, children, window: int, label: str) -> None:
     count = len(segments)
     step, post = transport.step, transport.post
-    incoming = collections.deque()
-    outgoing = collections.deque()
+    incoming: Deque[Pending] = collections.deque()
+    outgoing: Deque[Pending] = collections.deque()
     posted = 0
     for index, (lo, hi) in enumerate(segments):
         step(f"{label} segment {index}")

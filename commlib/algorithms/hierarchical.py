@@ -68,7 +68,7 @@ class ShardPlan(NamedTuple):
     def chunks(self, host: int) -> List[Span]:
         """The chunk (span of the buffer) of each local rank of ``host``."""
         first = self.first_shard[host]
-        return [(self.shards[first[l]][0], self.shards[first[l + 1] - 1][1]) for l in range(len(first) - 1)]
+        return [(self.shards[first[local]][0], self.shards[first[local + 1] - 1][1]) for local in range(len(first) - 1)]
 
     def owned_shards(self, host: int, local_rank: int) -> range:
         first = self.first_shard[host]

@@ -14,9 +14,10 @@ one being reduced, ``window`` in flight.
 from __future__ import annotations
 
 import collections
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Deque, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..ops import ReduceOp
+from ..transports.interface import Pending
 
 __all__ = ["Stage", "run_stages", "PIPELINE_WINDOW", "scratch_slots"]
 
@@ -34,7 +35,7 @@ class Stage(NamedTuple):
 
 
 def scratch_slots(transport, segment_elems: int, dtype, window: int = PIPELINE_WINDOW,
-                  scratch_slot: int = 0) -> List[object]:
+                  scratch_slot: int = 0) -> List[Any]:
     """``window + 1`` segment-sized receive slots carved from one transport scratch buffer.
 
     Schedules that need two independent sets of slots take them from different ``scratch_slot``s.
@@ -51,7 +52,7 @@ def run_stages(transport, stages: Sequence[Stage], op: ReduceOp, *, lag: int,
     if lag < 1:
         raise ValueError(f"pipeline lag must be >= 1, got {lag}")
     post, reduce, step = transport.post, transport.reduce, transport.step
-    in_flight = collections.deque()
+    in_flight: Deque[Pending] = collections.deque()
     posted = 0
     for index in range(count):
         # Stages < index are finished, stage ``index`` is not: j - lag < index.

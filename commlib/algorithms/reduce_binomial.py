@@ -19,8 +19,10 @@ messages, where rabenseifner's reduce wins for large ones. Extra memory on an in
 from __future__ import annotations
 
 import collections
+from typing import Deque
 
 from ..ops import ReduceOp
+from ..transports.interface import Pending
 from .binomial import binomial_children, binomial_parent, real_rank, relative_rank
 from .forward import drain
 from .partition import segment_count, segment_elements, split_bounds
@@ -43,7 +45,7 @@ def reduce_binomial(transport, buf, root: int, op: ReduceOp, *, segment_bytes: i
     window = PIPELINE_WINDOW
     step, post, reduce = transport.step, transport.post, transport.reduce
     if not children:  # a leaf sends its own segments
-        outgoing = collections.deque()
+        outgoing: Deque[Pending] = collections.deque()
         for index, (lo, hi) in enumerate(segments):
             step(f"binomial reduce segment {index}")
             outgoing.append(post(((buf[lo:hi], parent),), ()))
@@ -73,7 +75,7 @@ def reduce_binomial(transport, buf, root: int, op: ReduceOp, *, segment_bytes: i
                                for which in range(extra_children)]
         return partial, landing
 
-    incoming = collections.deque()
+    incoming: Deque[Pending] = collections.deque()
     outgoing = collections.deque()
     posted = 0
     for index, (lo, hi) in enumerate(segments):

@@ -17,6 +17,8 @@ bandwidth-optimal, latency linear in ``p``. Segments pipeline the steps: segment
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..ops import ReduceOp
 from .partition import segment_count, segment_elements, split_bounds
 from .pipeline import PIPELINE_WINDOW, Stage, run_stages
@@ -32,7 +34,7 @@ def reduce_scatter_ring(transport, out, inp, op: ReduceOp, *, segment_bytes: int
         return
     right, left = (rank + 1) % size, (rank - 1) % size
     segments = split_bounds(0, chunk, segment_count(chunk, segment_elements(segment_bytes, out.itemsize)))
-    partials = transport.scratch(2 * chunk, out.dtype) if size > 2 else None
+    partials: Any = transport.scratch(2 * chunk, out.dtype) if size > 2 else None  # None: never indexed
     stages = []
     for step in range(size - 1):
         send_chunk, recv_chunk = (rank - step - 1) % size, (rank - step - 2) % size

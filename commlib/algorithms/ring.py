@@ -20,6 +20,8 @@ reduced, and the next segments are in flight while one is reduced. Extra memory:
 
 from __future__ import annotations
 
+from typing import List
+
 from ..ops import ReduceOp
 from .partition import segment_count, segment_elements, split_bounds
 from .pipeline import PIPELINE_WINDOW, Stage, run_stages, scratch_slots
@@ -38,7 +40,7 @@ def allreduce_ring(transport, buf, op: ReduceOp, *, segment_bytes: int = 1 << 20
     chunk_segments = [split_bounds(start, stop, segments_per_chunk) for start, stop in chunks]
     slots = scratch_slots(transport, -(-(chunks[0][1] - chunks[0][0]) // segments_per_chunk),
                           buf.dtype)
-    stages = []
+    stages: List[Stage] = []
     for step in range(size - 1):
         send_chunk, recv_chunk = (rank - step) % size, (rank - step - 1) % size
         for segment in range(segments_per_chunk):

@@ -18,7 +18,7 @@ may be empty. Rank ``r`` sends only to ``r + 1`` and receives only from ``r - 1`
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Sequence
 
 from ..ops import ReduceOp
 from .partition import Span, segment_count, segment_elements, split_bounds
@@ -39,7 +39,7 @@ def ring_reduce_scatter(transport, buf, op: ReduceOp, chunks: Sequence[Span], *,
     segments_per_chunk = segment_count(longest, segment_elements(segment_bytes, buf.itemsize))
     chunk_segments = [split_bounds(start, stop, segments_per_chunk) for start, stop in chunks]
     slots = scratch_slots(transport, -(-longest // segments_per_chunk), buf.dtype)
-    stages = []
+    stages: List[Stage] = []
     for step in range(size - 1):
         send_chunk, recv_chunk = (rank - step - 1) % size, (rank - step - 2) % size
         for segment in range(segments_per_chunk):

@@ -11,10 +11,10 @@ naming dtype, op and the collective's size, a fence, the epoch); once every rank
 the round with the same signature, each rank reads the ``P`` slots in rank order and combines
 them straight into its own buffer, ``((x_0 op x_1) op x_2) ...``, and says it is done reading.
 The round runs as one closure built by the transport (``transport.slot_round``): at 8 bytes the
-whole allreduce has a budget of about a microsecond of Python. Invariant: every rank evaluates the very same expression on the very
-same bytes, so every rank ends with the same bits, whatever the dtype. A slot is written again
-only after every peer said it finished reading it (in practice two collectives later, long
-after), so nobody waits for a slow reader.
+whole allreduce has a budget of about a microsecond of Python. Invariant: every rank evaluates
+the very same expression on the very same bytes, so every rank ends with the same bits,
+whatever the dtype. A slot is written again only after every peer said it finished reading it
+(in practice two collectives later, long after), so nobody waits for a slow reader.
 
 Cost, per round of ``n`` bytes: one synchronisation (a cache line crossing cores, well under a
 microsecond when the ranks are in step) and no message: ``n`` bytes copied, ``(P - 1) n`` read
@@ -43,5 +43,6 @@ def allreduce_shm_oneshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
         transport.slot_round(buf.dtype, op, piece.size)(piece, total_bytes)
 
 
-allreduce_shm_oneshot.requires_shared_memory = True
-allreduce_shm_oneshot.folds_average = True
+# The registry's flags are function attributes (see algorithms/__init__.py), which mypy cannot type.
+allreduce_shm_oneshot.requires_shared_memory = True  # type: ignore[attr-defined]
+allreduce_shm_oneshot.folds_average = True  # type: ignore[attr-defined]

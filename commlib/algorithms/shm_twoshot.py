@@ -152,5 +152,6 @@ def _copy(destination, source, lo: int, hi: int, copy_elems: int) -> None:
         destination[start:stop] = source[start:stop]
 
 
-allreduce_shm_twoshot.requires_shared_memory = True
-allreduce_shm_twoshot.folds_average = True
+# The registry's flags are function attributes (see algorithms/__init__.py), which mypy cannot type.
+allreduce_shm_twoshot.requires_shared_memory = True  # type: ignore[attr-defined]
+allreduce_shm_twoshot.folds_average = True  # type: ignore[attr-defined]

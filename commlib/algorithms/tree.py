@@ -21,8 +21,10 @@ overlap the two phases as NCCL's double binary tree does. Extra memory: two scra
 from __future__ import annotations
 
 import collections
+from typing import Any, Deque, List, Tuple
 
 from ..ops import ReduceOp
+from ..transports.interface import Pending
 from .forward import drain, forward_segments
 from .partition import segment_count, segment_elements, split_bounds
 from .pipeline import PIPELINE_WINDOW, scratch_slots
@@ -56,8 +58,8 @@ def _reduce_up(transport, buf, op, segments, parent, children, window) -> None:
     if children:
         longest = segments[0][1] - segments[0][0]
         slots = scratch_slots(transport, longest, buf.dtype, window=2 * (window + 1) - 1)
-    incoming = collections.deque()
-    outgoing = collections.deque()
+    incoming: Deque[Tuple[Pending, List[Tuple[Any, int]]]] = collections.deque()  # (receives, where they land)
+    outgoing: Deque[Pending] = collections.deque()
     posted = 0
     for index, (lo, hi) in enumerate(segments):
         step(f"tree reduce segment {index}")

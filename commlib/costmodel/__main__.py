@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Dict
 
 from ..bench import parse_size
 from ..errors import InvalidUsageError
@@ -19,7 +20,7 @@ def _predict(args) -> int:
     predicted = model.predict(args.bytes, args.hosts, args.ranks_per_host)
     choice, why = model.choose(args.bytes, args.hosts, args.ranks_per_host)
     if args.json:
-        out = {name: breakdown.total for name, breakdown in predicted.items()}
+        out: Dict[str, object] = {name: breakdown.total for name, breakdown in predicted.items()}
         out.update(choice=choice, why=why)
         print(json.dumps(out))
         return 0
@@ -48,7 +49,8 @@ def _ddp(args) -> int:
           f"backward {profile.backward * 1e3:.2f} ms, optimizer {profile.optimizer * 1e3:.2f} ms, "
           f"{len(profile.nbytes)} buckets of {', '.join(str(b) for b in profile.nbytes)} bytes")
     print(f"# one rank: {single.step * 1e3:.2f} ms a step; weak scaling (the batch per rank fixed)")
-    print(f"{'hosts':>6} {'ranks':>6} {'step(ms)':>9} {'comm(ms)':>9} {'exposed(ms)':>11} {'efficiency':>10}  algorithms")
+    print(f"{'hosts':>6} {'ranks':>6} {'step(ms)':>9} {'comm(ms)':>9} {'exposed(ms)':>11} "
+          f"{'efficiency':>10}  algorithms")
     for row in rows:
         efficiency = single.step / row.step
         print(f"{row.hosts:>6} {row.hosts * row.per_host:>6} {row.step * 1e3:>9.2f} {row.comm * 1e3:>9.2f} "
@@ -102,10 +104,10 @@ def _validate(args) -> int:
                 raise InvalidUsageError(f"bench rows {path}: no 'hosts' field (rows from a bench that predates it)")
             per_host = max(len(ranks) for ranks in hosts)
             predicted = model.predict(row["size"], len(hosts), per_host)[row["algorithm"]].total * 1e6
-            error = predicted / row["time_us"] - 1
-            errors.append(abs(error))
+            relative = predicted / row["time_us"] - 1
+            errors.append(abs(relative))
             print(f"{len(hosts)}x{per_host:<4} {row['size']:>10} {row['algorithm']:>14} {row['time_us']:>13.1f} "
-                  f"{predicted:>14.1f} {error:>+7.1%}")
+                  f"{predicted:>14.1f} {relative:>+7.1%}")
     if not errors:
         raise InvalidUsageError("no bench row matched the algorithms and sizes asked for")
     print(f"# {len(errors)} predictions: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any, Dict
 
 import numpy as np
 
@@ -85,7 +86,7 @@ def fit(pg, sizes=SIZES, repeats: int = REPEATS) -> dict:
     transport = MPITransport(comm)
     transport.context.begin("cost model fit", 0, "", 0, 600.0)
     rank = pg.rank
-    samples = {}
+    samples: Dict[str, Any] = {}
     try:
         hosts = topology.host_ranks
         several = [ranks for ranks in hosts if len(ranks) > 1]
@@ -103,7 +104,7 @@ def fit(pg, sizes=SIZES, repeats: int = REPEATS) -> dict:
             samples["inter"] = comm.bcast(medians if rank == pair[0] else None, root=pair[0])
             # Every local rank of host 0 with the same local rank of host 1, at once.
             lanes = min(len(hosts[0]), len(hosts[1]))
-            partners = {hosts[0][l]: hosts[1][l] for l in range(lanes)}
+            partners = {hosts[0][lane]: hosts[1][lane] for lane in range(lanes)}
             partners.update({b: a for a, b in partners.items()})
             size = sizes[-1]
             send, recv = np.zeros(size, np.uint8), np.empty(size, np.uint8)
@@ -153,8 +154,9 @@ def fit(pg, sizes=SIZES, repeats: int = REPEATS) -> dict:
         intra = inter if inter is not None else (0.0, 0.0)
     if inter is None:  # one host: the network is not on the path either
         inter = intra
-    lanes = samples.get("inter_all_lanes")
-    host_beta = (lanes["seconds"] - inter[0]) / (lanes["lanes"] * lanes["bytes"]) if lanes else inter[1]
+    all_lanes = samples.get("inter_all_lanes")
+    host_beta = ((all_lanes["seconds"] - inter[0]) / (all_lanes["lanes"] * all_lanes["bytes"]) if all_lanes
+                 else inter[1])
     calls = samples["calls_8B"]
     links = Links(intra[0], intra[1], inter[0], inter[1], max(0.0, host_beta),
                   samples["reduce"]["seconds"] / samples["reduce"]["bytes"], calls.get("native", 0.0),
@@ -200,10 +202,13 @@ def main(argv=None) -> int:
             handle.write("\n")
         links = model["links"]
         print(f"# cost model fitted on {pg.topology.describe()}; written to {args.out}")
-        print(f"intra: alpha {links['intra']['alpha'] * 1e6:.1f} us, beta {1 / max(links['intra']['beta'], 1e-30) / 1e9:.3f} GB/s")
-        print(f"inter: alpha {links['inter']['alpha'] * 1e6:.1f} us, beta {1 / max(links['inter']['beta'], 1e-30) / 1e9:.3f} GB/s, "
+        print(f"intra: alpha {links['intra']['alpha'] * 1e6:.1f} us, "
+              f"beta {1 / max(links['intra']['beta'], 1e-30) / 1e9:.3f} GB/s")
+        print(f"inter: alpha {links['inter']['alpha'] * 1e6:.1f} us, "
+              f"beta {1 / max(links['inter']['beta'], 1e-30) / 1e9:.3f} GB/s, "
               f"per host {1 / max(links['inter']['host_beta'], 1e-30) / 1e9:.3f} GB/s")
-        print(f"gamma: {1 / model['gamma'] / 1e9:.3f} GB/s reduced; native 8 B allreduce {model['native_alpha'] * 1e6:.1f} us")
+        print(f"gamma: {1 / model['gamma'] / 1e9:.3f} GB/s reduced; "
+              f"native 8 B allreduce {model['native_alpha'] * 1e6:.1f} us")
         print("call overhead (us): " + ", ".join(f"{name} {seconds * 1e6:.1f}"
                                                  for name, seconds in sorted(model["call_overhead"].items())))
     return 0

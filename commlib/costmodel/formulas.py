@@ -69,7 +69,7 @@ class Breakdown:
     def dominant(self) -> str:
         terms = {"latency (steps)": self.latency, "intra-host bytes": self.intra,
                  "inter-host bytes": self.inter, "local reduces": self.reduce}
-        return max(terms, key=terms.get)
+        return max(terms, key=lambda term: terms[term])
 
 
 ZERO = Breakdown()

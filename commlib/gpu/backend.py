@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Dict, Optional, Union
 
 import numpy as np
 
@@ -34,6 +34,11 @@ from .device import import_cupy, probe_local_gpus
 from .preflight import TRANSPORTS, GpuSetupError, RankRecord, decide, exchange_records
 from .watchdog import Watchdog
 from .work import GpuWork
+
+if TYPE_CHECKING:  # imported where first needed: they import cupy's modules
+    from ..transports.host_staged import HostStagedTransport
+    from ..transports.nccl import NCCLTransport
+    from .streams import CommStream
 
 __all__ = ["GpuBackend", "attach", "configured_transport"]
 
@@ -66,8 +71,9 @@ class GpuBackend:
         self.kind = kind
         self.requested_device = group.device if device is None else device
         self.device: Optional[int] = None
-        self.transport = None
-        self.comm_stream = None
+        # Set by the bootstrap, collectively, before the first collective runs.
+        self.transport: Optional[Union[NCCLTransport, HostStagedTransport]] = None
+        self.comm_stream: Optional[CommStream] = None
         self.watchdog: Optional[Watchdog] = None
         self._cupy = None
         self._ready = False
@@ -84,10 +90,10 @@ class GpuBackend:
         with self._bootstrap_lock:
             if self._setup_error is not None:
                 raise self._setup_error
-            if self._ready:
-                return
+            if self._ready:  # another thread bootstrapped while this one waited for the lock
+                return  # type: ignore[unreachable]  # mypy cannot see the other thread
             group = self.group
-            outcome = {}
+            outcome: Dict[str, BaseException] = {}
             group.executor.run_sync(lambda seq: self._bootstrap(outcome), "gpu_init")
             if "error" in outcome:
                 self._setup_error = outcome["error"]
@@ -111,19 +117,21 @@ class GpuBackend:
         cupy = import_cupy()
         self._cupy = cupy
         self.device = devices[group.rank]
-        self.comm_stream = CommStream(cupy, self.device)
+        comm_stream = self.comm_stream = CommStream(cupy, self.device)
+        transport: Union[NCCLTransport, HostStagedTransport]
         if self.kind == "nccl":
             from ..transports.nccl import NCCLTransport, create_communicator
 
             communicator = create_communicator(cupy, group.comm, self.device, group.timeout)
-            self.transport = NCCLTransport(cupy, communicator, group.rank, group.size, self.comm_stream)
+            transport = NCCLTransport(cupy, communicator, group.rank, group.size, comm_stream)
         else:
             from ..transports.host_staged import CupyStager, HostStagedTransport
 
-            self.transport = HostStagedTransport(group.comm, CupyStager(cupy, self.comm_stream))
+            transport = HostStagedTransport(group.comm, CupyStager(cupy, comm_stream))
             # Host-staged MPI timeouts then name the laggard ranks, as the CPU path's do.
-            self.transport.host.progress_board = getattr(group, "progress", None)
-        self.transport.topology = group.topology  # hierarchical schedules ask it
+            transport.host.progress_board = getattr(group, "progress", None)
+        transport.topology = group.topology  # hierarchical schedules ask it
+        self.transport = transport
         device = self.device
         self.watchdog = Watchdog(f"{group.name}-r{group.rank}", self._on_timeout, after_failing=self._abort,
                                  thread_setup=lambda: cupy.cuda.Device(device).use())
@@ -135,21 +143,24 @@ class GpuBackend:
         group.executor.check_healthy()  # a watchdog abort poisons the group: raise at once
         self._ensure_ready()
         self._check_arguments(collective, result, algorithm, fingerprint)
-        caller, ready = self.comm_stream.caller_ready()
-        work = GpuWork(collective, nbytes, result, self.comm_stream, float("inf"))
+        comm_stream = self.comm_stream
+        assert comm_stream is not None  # set by _ensure_ready
+        caller, ready = comm_stream.caller_ready()
+        work = GpuWork(collective, nbytes, result, comm_stream, float("inf"))
         # The closure holds the flat views of the user's arrays: keep both alive until done.
         work.keepalive = (result, run)
         task = self._task(work, run, collective, algorithm, nbytes, fingerprint, ready)
         if not async_op:
             group.executor.run_sync(task, collective, nbytes, result)
-            self.comm_stream.wait_on_caller(caller, work.done_event)
+            comm_stream.wait_on_caller(caller, work.done_event)
             return None
         inner = group.executor.submit(task, collective, nbytes, result)
         work._attach(inner)
         return work
 
     def _task(self, work, run, collective, algorithm, nbytes, fingerprint, ready):
-        transport, comm_stream, group = self.transport, self.comm_stream, self.group
+        transport, comm_stream, watchdog, group = self.transport, self.comm_stream, self.watchdog, self.group
+        assert transport is not None and comm_stream is not None and watchdog is not None  # ready
 
         def task(seq):
             work.seq = seq
@@ -164,7 +175,7 @@ class GpuBackend:
                 run(transport)
                 work.done_event = comm_stream.record_done()
             work.deadline = time.monotonic() + group.timeout
-            self.watchdog.track(work)
+            watchdog.track(work)
 
         return task
 
@@ -223,10 +234,11 @@ class GpuBackend:
         watchdog bounds that with the group's timeout), then release the communicator."""
         if not self._ready:
             return
-        watchdog = self.watchdog
+        watchdog, transport = self.watchdog, self.transport
+        assert watchdog is not None and transport is not None  # set before _ready
         while watchdog.in_flight() and not watchdog.fired:
             time.sleep(1e-3)
         watchdog.close()
-        self.transport.close()
+        transport.close()
         self._ready = False
         self._setup_error = GroupAbortedError(f"{self.group!r}: the GPU backend was closed")

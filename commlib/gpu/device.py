@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import socket
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from ..errors import InvalidUsageError
 
@@ -32,7 +32,7 @@ def import_cupy():
 
 def local_ranks(hosts: Sequence[str]) -> List[int]:
     """For each rank, its index among the ranks that report the same host (in rank order)."""
-    seen = {}
+    seen: Dict[str, int] = {}
     result = []
     for host in hosts:
         index = seen.get(host, 0)
@@ -49,7 +49,7 @@ def select_device(local_rank: int, visible: int, explicit=None, *, rank: Optiona
     if explicit is not None:
         if isinstance(explicit, bool) or not isinstance(explicit, numbers.Integral):
             raise InvalidUsageError(f"{who}: device must be an int CUDA ordinal or None, got {explicit!r}")
-        if not 0 <= explicit < visible:
+        if not 0 <= int(explicit) < visible:
             raise InvalidUsageError(
                 f"{who}: device={explicit} out of range; this process sees {visible} GPU(s), "
                 f"expected 0 <= device < {visible}"
@@ -77,7 +77,7 @@ def probe_local_gpus(*, want_nccl: bool) -> LocalGpus:
         return LocalGpus(host, [], 0, "", "cupy is not installed")
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # CUDARuntimeError: no driver, no device
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError: no driver, no device
         return LocalGpus(host, [], 0, cupy.__version__, f"CUDA unavailable: {exc}")
     uuids = [_device_uuid(cupy, ordinal) for ordinal in range(count)]
     nccl_version = 0
@@ -98,22 +98,23 @@ def _device_uuid(cupy, ordinal: int) -> str:
         raw = cupy.cuda.runtime.getDeviceProperties(ordinal).get("uuid")
         if raw is not None and len(bytes(raw)) == 16:
             return "GPU-" + bytes(raw).hex()
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever the property read raises, the PCI bus id serves
         pass
     try:
         return "PCI-" + cupy.cuda.runtime.deviceGetPCIBusId(ordinal)
-    except Exception:
+    except Exception:  # noqa: BLE001 - the ordinal is the last resort
         return f"ORDINAL-{ordinal}"
 
 
 def _nccl_version():
     try:
         from cupy.cuda import nccl
-    except Exception as exc:
-        return 0, f"cupy.cuda.nccl cannot be imported ({exc}); install nvidia-nccl-cu13 or use the host-staged transport"
+    except Exception as exc:  # noqa: BLE001 - a missing library or ABI mismatch, reported as the problem
+        return 0, (f"cupy.cuda.nccl cannot be imported ({exc}); install nvidia-nccl-cu13 "
+                   "or use the host-staged transport")
     if not getattr(nccl, "available", True):
         return 0, "cupy was built without NCCL; use the host-staged transport"
     try:
         return int(nccl.get_version()), ""
-    except Exception as exc:  # libnccl.so.2 not found at first call
+    except Exception as exc:  # noqa: BLE001 - libnccl.so.2 not found at first call
         return 0, f"NCCL library not loadable ({exc}); install nvidia-nccl-cu13 or use the host-staged transport"

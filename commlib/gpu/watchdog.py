@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Protocol
 
 from ..errors import CommError
 
@@ -27,8 +27,18 @@ POLL_SECONDS = 1e-3      # while collectives are in flight
 IDLE_SECONDS = 0.5       # re-check for close() when idle
 
 
+class TrackedWork(Protocol):
+    deadline: float
+
+    def done_probe(self) -> bool: ...
+
+    def is_completed(self) -> bool: ...
+
+    def _complete(self, error: Optional[BaseException] = None) -> None: ...
+
+
 class Watchdog:
-    def __init__(self, name: str, on_timeout: Callable[[object], Callable[[object], BaseException]],
+    def __init__(self, name: str, on_timeout: Callable[[TrackedWork], Callable[[TrackedWork], BaseException]],
                  *, after_failing: Optional[Callable[[], None]] = None, poll_seconds: float = POLL_SECONDS,
                  thread_setup: Optional[Callable[[], None]] = None):
         """``on_timeout(expired)`` runs once, on the watchdog thread, and returns ``error_for(work)``;
@@ -39,13 +49,13 @@ class Watchdog:
         self._after_failing = after_failing
         self._poll = poll_seconds
         self._thread_setup = thread_setup
-        self._works: List[object] = []
+        self._works: List[TrackedWork] = []
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.fired = False
 
-    def track(self, work) -> None:
+    def track(self, work: TrackedWork) -> None:
         with self._cond:
             if self._closed:
                 raise RuntimeError(f"{self.name}: watchdog closed")
@@ -89,7 +99,7 @@ class Watchdog:
                 continue
             try:
                 done = work.done_probe()
-            except Exception as exc:  # a CUDA error (sticky, e.g. an illegal address) surfaces here
+            except Exception as exc:  # noqa: BLE001 - a CUDA error (sticky, e.g. an illegal address) surfaces here
                 if sys.is_finalizing():
                     return finished, None
                 work._complete(CommError(f"{work.collective} #{work.seq}: polling its done event "

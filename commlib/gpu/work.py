@@ -16,7 +16,7 @@ still reads or writes it.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import CommError
 from ..work import Work
@@ -30,7 +30,7 @@ class GpuWork(Work):
     def __init__(self, collective: str, nbytes: int, result, comm_stream, deadline: float):
         super().__init__(collective, 0, nbytes, result)
         self._inner: Optional[Work] = None
-        self.done_event = None
+        self.done_event: Any = None  # the comm stream's event, once the collective is enqueued
         self.deadline = deadline
         self._comm_stream = comm_stream
 
@@ -53,7 +53,7 @@ class GpuWork(Work):
             return False
         try:
             return event.done
-        except Exception as exc:  # sticky CUDA errors (illegal address ...) surface on any query
+        except Exception as exc:  # noqa: BLE001 - sticky CUDA errors (illegal address ...) surface on any query
             self._complete(CommError(f"{self.collective} #{self.seq}: polling its done event failed: {exc}"))
             return True
 

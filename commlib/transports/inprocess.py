@@ -209,8 +209,7 @@ class InProcessTransport(Transport):
     # -- the "library's own" collectives, built from point-to-point all-to-all ----------------
     def _gather_all(self, buf) -> List[np.ndarray]:
         """Every rank's copy of ``buf``, indexed by rank."""
-        copies = [None] * self.size
-        copies[self.rank] = buf.reshape(-1)
+        copies = [buf.reshape(-1)] * self.size  # the peers' entries are replaced below
         recvs = []
         for peer in range(self.size):
             if peer != self.rank:

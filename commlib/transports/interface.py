@@ -50,10 +50,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import time
-from typing import Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 from ..ops import ReduceOp, reduce_into, reduce_ordered
 from ..topology import Topology
+
+if TYPE_CHECKING:
+    from ..progress_board import ProgressBoard
 
 __all__ = ["Transport", "Pending", "CompletedPending", "CollectiveContext", "Transfer"]
 
@@ -118,25 +121,25 @@ class Transport(abc.ABC):
     rank: int
     size: int
     #: The array module of the buffers (numpy; cupy on GPU): scratch buffers and the local reduce.
-    xp: object
+    xp: Any
     #: Whether two threads may post at once, to disjoint pairs of ranks (MPI: yes, messages match
     #: per pair and tag; NCCL: no, every rank must call in one order).
     concurrent_posts: bool = False
     #: Set by the group: None, or a shared-memory transport over this rank's peers on its host
     #: when the group spans hosts and mapped their memory (hierarchical's intra-host phases).
-    host_shared_memory = None
+    host_shared_memory: Optional[Transport] = None
     #: Set by the group: its :class:`commlib.progress_board.ProgressBoard` (who started which
     #: collective), which waits read to name laggards and to give up on a peer that exited.
-    progress_board = None
+    progress_board: Optional[ProgressBoard] = None
 
     def __init__(self) -> None:
         #: What the group is doing now (collective, sequence number, deadline): the group sets
         #: it before each collective; waits read the deadline, errors quote it.
         self.context = CollectiveContext()
-        self._scratch = {}
+        self._scratch: Dict[Tuple[int, str], Any] = {}
         #: What an algorithm derives once per transport (views, plans), under its own keys.
-        self.memo = {}
-        self._topology = None
+        self.memo: Dict[Any, Any] = {}
+        self._topology: Optional[Topology] = None
 
     @property
     def topology(self) -> Topology:
@@ -285,7 +288,7 @@ class Transport(abc.ABC):
         context's deadline. Only transports a group is created over implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot create sub-groups")
 
-    def free_communicator(self) -> None:
+    def free_communicator(self) -> None:  # noqa: B027 - optional: most transports hold nothing of the kind
         """Release what ties the transport to its ranks (MPI: the communicator), last, at the
         group's close. Local and idempotent; nothing by default."""
 

@@ -16,14 +16,19 @@ bfloat16, see :mod:`.mpi_types`).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from ..errors import CommTimeoutError, PeerExitedError
 from ..ops import ReduceOp
+from .interface import CollectiveContext
 from .mpi_types import MPI_PREDEFINED, mpi_datatype, mpi_op
 from .polling import wait_all
+
+if TYPE_CHECKING:
+    from ..progress_board import ProgressBoard
 
 __all__ = ["MPINativeCollectives", "as_bytes", "typed", "reduction", "reduce_scatter_specs", "raise_timeout"]
 
@@ -62,7 +67,13 @@ def reduce_scatter_specs(out, inp, op):
 
 
 class MPINativeCollectives:
-    """Mixed into :class:`commlib.transports.mpi.MPITransport` (``comm``, ``rank``, ``context``)."""
+    """Mixed into :class:`commlib.transports.mpi.MPITransport`."""
+
+    # Set by the transport that mixes this in.
+    comm: MPI.Comm
+    rank: int
+    context: CollectiveContext
+    progress_board: Optional[ProgressBoard]
 
     # -- starters: the nonblocking MPI call, or None when nothing moves ------------------------
     def _start_allreduce(self, buf, op):

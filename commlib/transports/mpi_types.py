@@ -24,7 +24,7 @@ MPI_BUILTIN_OPS = {
 }
 
 
-MPI_PREDEFINED = {}
+MPI_PREDEFINED: dict[np.dtype, MPI.Datatype] = {}
 
 
 def _needs_user_op(dtype: np.dtype) -> bool:

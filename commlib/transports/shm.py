@@ -157,7 +157,7 @@ class SharedMemoryTransport(Transport):
         self._own_control = self._controls[rank]
         self._peer_controls = [(peer, control) for peer, control in enumerate(self._controls) if peer != rank]
         own = np.frombuffer(self.own_segment, np.uint8)
-        self._own_bytes = own
+        self._own_bytes: Optional[np.ndarray] = own
         self._own_address = own.ctypes.data
         self._bytes = [own if peer == rank else np.frombuffer(segment, np.uint8)
                        for peer, segment in enumerate(segments)]
@@ -167,7 +167,7 @@ class SharedMemoryTransport(Transport):
         self._areas = [(start, slot), (start + slot, slot), (staging_start, half), (staging_start + half, half)]
         self._area_arrays = [(offset, own[offset:offset + nbytes]) for offset, nbytes in self._areas]
         self._epoch = 0
-        self._last_round = None
+        self._last_round: Optional[tuple] = None  # (count, dtype, op, the compiled round)
         # A small allreduce issued inline (ProcessGroup._shm_allreduce_inline) records only its
         # sequence number and size here; self.context is filled from them if it ever needs to
         # wait long or fails (_current_context): ~0.2 us less per call.
@@ -476,7 +476,7 @@ class SharedMemoryTransport(Transport):
             control.release()
         self._controls = []
         self._peer_controls = []
-        self._own_control = None
+        self._own_control = None  # type: ignore[assignment]  # closed: never read again
         for segment in self.segments:
             try:
                 segment.close()

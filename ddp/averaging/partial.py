@@ -24,7 +24,7 @@ baseline). An averaging in flight is completed by the next call, by :meth:`finis
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -33,7 +33,7 @@ from commlib import ReduceOp
 
 from ..stats import MeteredGroup
 from .averagers import ModelAverager, check_count
-from .schedule import STRATEGIES, plan_partial_sync
+from .schedule import STRATEGIES, Piece, plan_partial_sync
 
 __all__ = ["PartialModelAverager"]
 
@@ -46,7 +46,7 @@ class _InFlight:
 
     def __init__(self, slot: int, contributed: bool):
         self.slot = slot
-        self.parts = []  # [(snapshot, buffer, work)]
+        self.parts: List[Tuple[Optional[torch.Tensor], torch.Tensor, Any]] = []  # (snapshot, buffer, work)
         self.contributed = contributed
 
     def wait(self) -> None:
@@ -64,8 +64,8 @@ class PartialModelAverager(ModelAverager):
         if schedule not in STRATEGIES:
             raise ValueError(f"{type(self).__name__}: schedule must be one of {STRATEGIES}, got {schedule!r}")
         self.strategy = schedule
-        self._plan = None
-        self._sizes = None
+        self._plan: Optional[List[List[Piece]]] = None
+        self._sizes: Optional[List[int]] = None
         self._in_flight: Optional[_InFlight] = None
 
     # -- the plan ------------------------------------------------------------------------------
@@ -82,13 +82,14 @@ class PartialModelAverager(ModelAverager):
     def schedule(self):
         """Per step of a period: [(parameter name, first element, end element), ...] (None until
         the first call saw the parameters; names from ``module`` when given)."""
-        if self._plan is None:
+        tensors = self._tensors  # set with the plan, by the first call
+        if self._plan is None or tensors is None:
             return None
         names = {}
         if self.module is not None:
             named = list(self.module.named_parameters()) + list(self.module.named_buffers())
             names = {id(t): name for name, t in named}
-        label = [names.get(id(t), f"param{i}") for i, t in enumerate(self._tensors)]
+        label = [names.get(id(t), f"param{i}") for i, t in enumerate(tensors)]
         return [[(label[p.param], p.start, p.stop) for p in pieces] for pieces in self._plan]
 
     def _due_slot(self) -> Optional[int]:
@@ -139,8 +140,11 @@ class PartialModelAverager(ModelAverager):
         in_flight.wait()
         if not in_flight.contributed:
             return
-        groups = self._views(tensors, self._plan[in_flight.slot]).values()
+        plan = self._plan
+        assert plan is not None  # planned before the averaging was launched
+        groups = self._views(tensors, plan[in_flight.slot]).values()
         for views, (snapshot, average, _) in zip(groups, in_flight.parts):
+            assert snapshot is not None  # this rank contributed
             offset = 0
             for view in views:
                 # average + (now - then): exactly the average when this rank did not move.

@@ -5,9 +5,10 @@ reduction of ``bucket.buffer()`` (asynchronously) and returns a :class:`commlib.
 (``wait()``, ``is_completed()``, ``result()``, ``add_done_callback()``: a collective's ``Work``,
 or a :class:`HookWork` that finishes in the caller's thread) or, as torch's hooks do, a
 ``torch.futures.Future`` whose value is the result; the result is the flat reduced buffer (a
-tensor or a numpy/cupy array, the bucket's own memory or a new one of the same size). The reducer waits on it at the end of backward and copies the result
-into the bucket if it is new memory. ``state`` is whatever was passed to ``register_comm_hook``
-(``None`` for the default hook); the built-in hooks accept a process group there.
+tensor or a numpy/cupy array, the bucket's own memory or a new one of the same size). The reducer
+waits on it at the end of backward and copies the result into the bucket if it is new memory.
+``state`` is whatever was passed to ``register_comm_hook`` (``None`` for the default hook); the
+built-in hooks accept a process group there.
 
 The default hook averages: one ``allreduce(AVG)`` on the bucket's memory, on the group's
 communication thread (CPU) or comm stream (GPU), no copy. The compression hooks halve the bytes on
@@ -115,7 +116,7 @@ class HookWork:
     def __init__(self, work, then: Callable[[], object], keepalive=None):
         self.work = work
         self._then = then
-        self._value = None
+        self._value: object = None
         self._finished = False
         self.keepalive = keepalive  # temporaries the collective reads or writes
 

@@ -55,7 +55,7 @@ class PostLocalSGDState:
             subgroup, _ = host_subgroup(process_group)
         self.subgroup = subgroup
         self.iter = 0
-        self._params = weakref.WeakValueDictionary()  # id -> parameter, for check_warmup_agrees
+        self._params: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()  # by id()
         _LIVE_STATES.add(self)
 
     def maybe_increase_iter(self, bucket: GradBucket) -> None:

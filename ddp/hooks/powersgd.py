@@ -233,7 +233,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
         for key, (_, n, m, r) in zip(keys, compressed):
             by_shape.setdefault((n, m), []).append((key, m, r))
         order = [entry for entries in by_shape.values() for entry in entries]
-        for (key, m, r), q in zip(order, _random_matrices(state, [(m, r) for _, m, r in order], dtype)):
+        for (key, _, _), q in zip(order, _random_matrices(state, [(m, r) for _, m, r in order], dtype)):
             state.q_memory_dict[key] = q.to(buffer.device)
     qs = [state.q_memory_dict[key] for key in keys]
     for q in qs:

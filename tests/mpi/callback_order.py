@@ -22,15 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
 
-import autograd_bridge  # noqa: E402
-import commlib  # noqa: E402
-from commlib import CommTimeoutError, GroupAbortedError, InvalidUsageError, ReduceOp  # noqa: E402
-from ddp import DistributedDataParallel as DDP  # noqa: E402
-from verdict import Checker  # noqa: E402
+import autograd_bridge
+import commlib
+from commlib import CommTimeoutError, GroupAbortedError, InvalidUsageError, ReduceOp
+from ddp import DistributedDataParallel as DDP
+from verdict import Checker
 
 torch.set_num_threads(1)
 

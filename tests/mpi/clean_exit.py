@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-import commlib  # noqa: E402
-from verdict import Checker  # noqa: E402
+import commlib
+from verdict import Checker
 
 EXIT_WAIT = 60.0  # seconds the survivors wait for the early rank's process to end
 

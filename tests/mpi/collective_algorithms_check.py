@@ -83,7 +83,8 @@ def check_broadcast_and_reduce(check, pg, run, counts, roots):
                 for root in roots:
                     buf = tagged(rank, count, dtype)
                     mode = run(pg.broadcast, buf, root, algorithm=algorithm)
-                    check.equal(buf, tagged(root, count, dtype), f"broadcast {algorithm} {dtype} n={count} root={root} {mode}")
+                    check.equal(buf, tagged(root, count, dtype),
+                                f"broadcast {algorithm} {dtype} n={count} root={root} {mode}")
     for algorithm in commlib.algorithms("reduce") + ["auto"]:
         for dtype in map(np.dtype, DTYPES):
             for op in usable_ops(dtype):
@@ -220,7 +221,8 @@ def check_mismatched_alltoallv_counts(check, pg):
     inp = np.full(sum(in_counts), rank, np.int32)
     out = np.full(sum(out_counts), -1, np.int32)
     error = check.raises(InvalidUsageError, lambda: pg.alltoallv(out, inp, out_counts, in_counts),
-                         "alltoallv with mismatched counts", match=f"rank {size - 1} sends 2 to rank 0, which expects 3")
+                         "alltoallv with mismatched counts",
+                         match=f"rank {size - 1} sends 2 to rank 0, which expects 3")
     if rank == 0 and error is not None:
         print(f"mismatched alltoallv counts: {error}", flush=True)
     check.check(np.all(out == -1) and np.all(inp == rank), "alltoallv with mismatched counts wrote a buffer")

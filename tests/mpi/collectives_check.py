@@ -55,7 +55,8 @@ def main():
                             work.wait()
                         expected = expected_reduction(size, count, dtype, op)
                         what = f"allreduce {algorithm} {dtype} {op.name} n={count} async={async_op}"
-                        check.close(buf.reshape(-1).astype(np.float64), expected, what, rtol=1e-2 if dtype.itemsize == 2 else 1e-6)
+                        check.close(buf.reshape(-1).astype(np.float64), expected, what,
+                                    rtol=1e-2 if dtype.itemsize == 2 else 1e-6)
 
     # broadcast / reduce from every root
     for root in range(size):

@@ -187,7 +187,7 @@ def check_data_dependent_unused(checker, group):
     for as_view in (False, True):
         model = DDP(RankBranch(), find_unused_parameters=True, gradient_as_bucket_view=as_view,
                     bucket_cap_mb=1e-6, first_bucket_cap_mb=1e-6)
-        for step in range(3):  # the buckets are rebuilt after step 0
+        for _ in range(3):  # the buckets are rebuilt after step 0
             model.zero_grad()
             x, y = rank_batch(group.rank)
             F.mse_loss(model(x, group.rank == 0), y).backward()

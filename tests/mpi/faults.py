@@ -1,16 +1,17 @@
 """mpiexec -n P python tests/mpi/faults.py MODE TIMEOUT [FAULTY]
 
 Fault injection on rank FAULTY (default 1; below "rank 1"), the others behave. On several hosts
-the messages must also name the faulty rank's host ("rank 2 on host h1"). Modes the ranks survive (exit 0 when every check
-held): ``skip`` (rank 1 skips a collective), ``different`` (rank 1 calls broadcast where the
-others call allreduce), ``mismatch`` (debug mode: rank 1 passes another shape), ``mismatch_op``
-(debug: allreduce vs broadcast), ``thread_order`` (debug: two threads issue two allreduces of
-different shapes, in one order on rank 0 and the other on the rest). Modes that end the job (the
-test checks the exit status, the time and the message): ``exception``, ``exit``, ``kill`` (rank 1
-dies while the others are in a collective), ``new_group_exit`` / ``new_group_hang`` (rank 1
-exits, or hangs, after agreeing to a new group and before creating it), and
-``skip_uncaught``, ``different_uncaught`` (as ``skip`` and ``different``, with nobody catching
-the error: the job aborts on it). ``new_group_lists`` (surviving): rank 1 asks for another group.
+the messages must also name the faulty rank's host ("rank 2 on host h1"). Modes the ranks
+survive (exit 0 when every check held): ``skip`` (rank 1 skips a collective), ``different``
+(rank 1 calls broadcast where the others call allreduce), ``mismatch`` (debug mode: rank 1
+passes another shape), ``mismatch_op`` (debug: allreduce vs broadcast), ``thread_order`` (debug:
+two threads issue two allreduces of different shapes, in one order on rank 0 and the other on
+the rest). Modes that end the job (the test checks the exit status, the time and the message):
+``exception``, ``exit``, ``kill`` (rank 1 dies while the others are in a collective),
+``new_group_exit`` / ``new_group_hang`` (rank 1 exits, or hangs, after agreeing to a new group
+and before creating it), and ``skip_uncaught``, ``different_uncaught`` (as ``skip`` and
+``different``, with nobody catching the error: the job aborts on it). ``new_group_lists``
+(surviving): rank 1 asks for another group.
 """
 
 import os

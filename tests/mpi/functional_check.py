@@ -15,13 +15,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+import torch
+from mpi4py import MPI
 
-import commlib  # noqa: E402
-from autograd_bridge import functional as F  # noqa: E402
-from verdict import Checker  # noqa: E402
+import commlib
+from autograd_bridge import functional as F
+from verdict import Checker
 
 torch.set_num_threads(1)
 EPS = 1e-6
@@ -85,7 +85,8 @@ def main():
     everyone = torch.stack([base_input(r, n) for r in range(size)])
     x = base_input(rank, n)
     checker.close(F.all_reduce(x).numpy(), everyone.sum(0).numpy(), "all_reduce value")
-    checker.close(F.all_gather(x.reshape(2, size)).numpy(), everyone.reshape(2 * size, size).numpy(), "all_gather value")
+    checker.close(F.all_gather(x.reshape(2, size)).numpy(), everyone.reshape(2 * size, size).numpy(),
+                  "all_gather value")
     checker.close(F.reduce_scatter(x).numpy(), everyone.sum(0)[rank * 2:(rank + 1) * 2].numpy(), "reduce_scatter value")
     checker.close(F.broadcast(x, size - 1).numpy(), everyone[size - 1].numpy(), "broadcast value")
     checker.close(x.numpy(), base_input(rank, n).numpy(), "inputs are left untouched (out-of-place)")
@@ -99,9 +100,11 @@ def main():
     checker.close(x.grad.numpy(), np.full(n, 2.0 * size * size), "second derivative")
 
     checker.raises(commlib.InvalidUsageError, lambda: F.all_reduce(x, "max"), "all_reduce MAX", match="SUM or AVG")
-    checker.raises(commlib.InvalidUsageError, lambda: F.reduce_scatter(torch.ones(size + 1)) if size > 1 else F.reduce_scatter(torch.ones(())),
+    indivisible = torch.ones(size + 1) if size > 1 else torch.ones(())
+    checker.raises(commlib.InvalidUsageError, lambda: F.reduce_scatter(indivisible),
                    "reduce_scatter of an indivisible input", match="divisible")
-    checker.raises(commlib.InvalidUsageError, lambda: F.broadcast(x, size), "broadcast from a missing rank", match="out of range")
+    checker.raises(commlib.InvalidUsageError, lambda: F.broadcast(x, size), "broadcast from a missing rank",
+                   match="out of range")
     checker.finish()
 
 

@@ -13,7 +13,6 @@ The parts of commlib.gpu that need no GPU, under real MPI at any world size:
   steps, and every registered algorithm of every collective run through it.
 """
 
-import time
 
 import numpy as np
 
@@ -261,7 +260,8 @@ def check_every_collective_host_staged(check, transport, begin, rank, size):
     for name, fn in each("reduce"):
         buf = rank_values(rank, 7, np.int32)
         fn(transport, buf, root, ReduceOp.SUM, segment_bytes=8)
-        expected = sum(rank_values(r, 7, np.int64) for r in range(size)) if rank == root else rank_values(rank, 7, np.int64)
+        expected = (sum(rank_values(r, 7, np.int64) for r in range(size)) if rank == root
+                    else rank_values(rank, 7, np.int64))
         check.equal(buf, expected.astype(np.int32), f"reduce {name} via host staging")
     for name, fn in each("allgather"):
         out = np.empty(block * size, np.int32)

@@ -42,9 +42,9 @@ def check_host_staged(check, pg):
         for algorithm in commlib.algorithms():
             if getattr(get_algorithm(algorithm), "requires_shared_memory", False):
                 # Reads the peers' host memory directly: refused for a GPU buffer, before anything runs.
-                check.raises(InvalidUsageError, lambda: pg.allreduce(cupy.ndarray(values(rank, 4, np.float64)),
-                                                                     algorithm=algorithm), f"{algorithm} on a GPU buffer",
-                             match="this buffer is on a GPU")
+                on_gpu = cupy.ndarray(values(rank, 4, np.float64))
+                check.raises(InvalidUsageError, lambda: pg.allreduce(on_gpu, algorithm=algorithm),
+                             f"{algorithm} on a GPU buffer", match="this buffer is on a GPU")
                 continue
             for async_op in (False, True):
                 for op in expected:

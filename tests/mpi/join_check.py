@@ -7,7 +7,8 @@ the ``with`` block (a hang is the test's timeout) and ends with bitwise identica
   gloo group of the same job, same data and initial weights (P=2: additions of two numbers in
   either order are equal; P=3: torch divides each gradient before summing, we after);
 * our DDP with PowerSGD (compressing from step 2), with ``no_sync`` micro-batches, with
-  ``find_unused_parameters`` and BatchNorm buffers, and with post-local SGD plus each averager (periodic, hierarchical, partial) in ``Join([model, averager])``;
+  ``find_unused_parameters`` and BatchNorm buffers, and with post-local SGD plus each averager
+  (periodic, hierarchical, partial) in ``Join([model, averager])``;
 * the averagers average over the ranks still in: every rank adds c_r to its parameters each
   step and averages every step; the parameters must follow p += mean of c_r over the active ranks
   (rtol 1e-12: a joined rank contributing its stale parameters, or counted in the divisor, is off
@@ -22,20 +23,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.distributed.algorithms.join import Join as TorchJoin  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.join import Join as TorchJoin
 
-import autograd_bridge  # noqa: E402
-import commlib  # noqa: E402
-from ddp import DistributedDataParallel as DDP  # noqa: E402
-from ddp import Join  # noqa: E402
-from ddp.averaging import HierarchicalModelAverager, PartialModelAverager, PeriodicModelAverager  # noqa: E402
-from ddp.hooks import PostLocalSGDState, PowerSGDState, post_localSGD_hook, powerSGD_hook  # noqa: E402
-from ddp.optim import PostLocalSGDOptimizer  # noqa: E402
-from verdict import Checker  # noqa: E402
+import autograd_bridge
+import commlib
+from ddp import DistributedDataParallel as DDP
+from ddp import Join
+from ddp.averaging import HierarchicalModelAverager, PartialModelAverager, PeriodicModelAverager
+from ddp.hooks import PostLocalSGDState, PowerSGDState, post_localSGD_hook, powerSGD_hook
+from ddp.optim import PostLocalSGDOptimizer
+from verdict import Checker
 
 torch.set_num_threads(1)
 

@@ -23,17 +23,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-import commlib  # noqa: E402
-from ddp import DistributedDataParallel as DDP  # noqa: E402
-from ddp.averaging import HierarchicalModelAverager, PartialModelAverager, PeriodicModelAverager  # noqa: E402
-from ddp.hooks import PostLocalSGDState, post_localSGD_hook  # noqa: E402
-from ddp.optim import PostLocalSGDOptimizer  # noqa: E402
-from ddp.subgroups import host_of_each_rank  # noqa: E402
-from verdict import Checker  # noqa: E402
+import commlib
+from ddp import DistributedDataParallel as DDP
+from ddp.averaging import HierarchicalModelAverager, PartialModelAverager, PeriodicModelAverager
+from ddp.hooks import PostLocalSGDState, post_localSGD_hook
+from ddp.optim import PostLocalSGDOptimizer
+from ddp.subgroups import host_of_each_rank
+from verdict import Checker
 
 torch.set_num_threads(1)
 STEPS = 8
@@ -143,7 +143,8 @@ def check_hierarchical_one_level_is_periodic(check, group):
             averaged = [equal_everywhere(group, params) for params in hierarchical]
             expected = [step >= warmup and (step - warmup) % period == 0 for step in range(len(averaged))]
             check.check(averaged == expected, f"warmup {warmup}, period {period}: ranks equal after steps "
-                        f"{[s for s, a in enumerate(averaged) if a]}, expected {[s for s, e in enumerate(expected) if e]}")
+                        f"{[s for s, a in enumerate(averaged) if a]}, "
+                        f"expected {[s for s, e in enumerate(expected) if e]}")
 
 
 def check_two_levels(check, group):
@@ -230,10 +231,12 @@ def check_default_subgroup_is_the_host(check, group):
     names = group.comm.allgather(socket.gethostname())
     mine = [r for r, name in enumerate(names) if name == names[group.rank]]
     state = PostLocalSGDState(None, None, START)
-    check.check(state.subgroup.size == len(mine), f"default subgroup of {state.subgroup.size} ranks; this host has {mine}")
+    check.check(state.subgroup.size == len(mine),
+                f"default subgroup of {state.subgroup.size} ranks; this host has {mine}")
     ones = np.ones(1)
     state.subgroup.allreduce(ones)
-    check.check(ones[0] == len(mine), f"an allreduce over the default subgroup summed {ones[0]} ranks, expected {len(mine)}")
+    check.check(ones[0] == len(mine),
+                f"an allreduce over the default subgroup summed {ones[0]} ranks, expected {len(mine)}")
 
 
 def check_warmup_mismatch_raises(check, group):

@@ -1,4 +1,5 @@
-"""python -m commlib.cluster run -n P -ppn K -- python tests/mpi/multihost_check.py K HOST,HOST... ADDR,ADDR... [tcp|shm]
+"""python -m commlib.cluster run -n P -ppn K --
+    python tests/mpi/multihost_check.py K HOST,HOST... ADDR,ADDR... [tcp|shm]
 
 That a job on a cluster of namespaces really spans hosts: rank r runs on host r // K under that
 host's own name (``gethostname`` and MPI's processor name), and (``tcp``, the default) its
@@ -15,11 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-import commlib  # noqa: E402
-from verdict import Checker  # noqa: E402
+import commlib
+from verdict import Checker
 
 
 def socket_inodes(pid):

@@ -166,7 +166,8 @@ def check_errors(check, pg):
         check.raises(InvalidUsageError, lambda: pg.send(*bad), f"send{bad[1:]}", match=needle)
     readonly = np.ones(2)
     readonly.setflags(write=False)
-    check.raises(InvalidUsageError, lambda: pg.recv(readonly, (rank + 1) % size), "recv into read-only", match="read-only")
+    check.raises(InvalidUsageError, lambda: pg.recv(readonly, (rank + 1) % size), "recv into read-only",
+                 match="read-only")
     check.raises(InvalidUsageError, lambda: pg.send(np.ones(2), ANY_SOURCE), "send to ANY_SOURCE", match="out of range")
     # The group is fine after all that.
     buf = np.ones(3)

@@ -27,17 +27,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 
-import autograd_bridge  # noqa: E402
-import commlib  # noqa: E402
-from ddp import DistributedDataParallel as DDP  # noqa: E402
-from ddp.hooks import PowerSGDState, batched_powerSGD_hook, powerSGD_hook  # noqa: E402
-from verdict import Checker  # noqa: E402
+import autograd_bridge
+import commlib
+from ddp import DistributedDataParallel as DDP
+from ddp.hooks import PowerSGDState, batched_powerSGD_hook, powerSGD_hook
+from verdict import Checker
 
 torch.set_num_threads(1)
 
@@ -151,7 +151,8 @@ def check_equals_torch(check, group):
     theirs_params = train(theirs, steps, group.rank)
     ours_params = train(ours, steps, group.rank)
     check.check(len(ours.bucket_sizes()) == 1, f"ours has {len(ours.bucket_sizes())} buckets, expected 1")
-    check.close(ours_params, theirs_params, f"powerSGD_hook: ours vs torch's after {steps} steps", rtol=1e-9, atol=1e-12)
+    check.close(ours_params, theirs_params, f"powerSGD_hook: ours vs torch's after {steps} steps",
+                rtol=1e-9, atol=1e-12)
     other = DDP(Net(scale=False).double(), bucket_cap_mb=25, first_bucket_cap_mb=25)
     other.register_comm_hook(PowerSGDState(None, use_error_feedback=False, **options), powerSGD_hook)
     different = train(other, steps, group.rank)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mpi4py import MPI  # noqa: E402
+from mpi4py import MPI
 
-from autograd_bridge.rendezvous import rendezvous_store  # noqa: E402
-from commlib.root_address import interface_addresses, reachable_root_address  # noqa: E402
-from verdict import Checker  # noqa: E402
+from autograd_bridge.rendezvous import rendezvous_store
+from commlib.root_address import interface_addresses, reachable_root_address
+from verdict import Checker
 
 
 def main():

@@ -15,16 +15,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-import commlib  # noqa: E402
-from ddp import DistributedDataParallel as DDP  # noqa: E402
-from ddp.averaging import HierarchicalModelAverager, PartialModelAverager, PeriodicModelAverager  # noqa: E402
-from ddp.hooks import (PostLocalSGDState, PowerSGDState, batched_powerSGD_hook, post_localSGD_hook,  # noqa: E402
+import commlib
+from ddp import DistributedDataParallel as DDP
+from ddp.averaging import HierarchicalModelAverager, PartialModelAverager, PeriodicModelAverager
+from ddp.hooks import (PostLocalSGDState, PowerSGDState, batched_powerSGD_hook, post_localSGD_hook,
                        powerSGD_hook)
-from ddp.optim import PostLocalSGDOptimizer  # noqa: E402
-from verdict import Checker  # noqa: E402
+from ddp.optim import PostLocalSGDOptimizer
+from verdict import Checker
 
 torch.set_num_threads(1)
 STEPS, STOP, START = 12, 5, 3

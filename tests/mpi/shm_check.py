@@ -19,22 +19,9 @@ import numpy as np
 import commlib
 from commlib import InvalidUsageError, ReduceOp
 from commlib.shared_memory import shared_directory
-from verdict import DTYPES, OPS, Checker
+from verdict import DTYPES, OPS, Checker, expected_reduction, rank_values
 
 ALGORITHMS = ["shm_oneshot", "shm_twoshot", "auto"]
-
-
-def rank_values(rank: int, count: int, op: ReduceOp) -> np.ndarray:
-    index = np.arange(count)
-    if op is ReduceOp.PROD:
-        return (index + rank) % 2 + 1
-    return (index + 2 * rank) % 3 + 1
-
-
-def expected_reduction(size: int, count: int, op: ReduceOp) -> np.ndarray:
-    stacked = np.stack([rank_values(r, count, op) for r in range(size)]).astype(np.float64)
-    return {ReduceOp.SUM: stacked.sum(0), ReduceOp.AVG: stacked.mean(0), ReduceOp.MIN: stacked.min(0),
-            ReduceOp.MAX: stacked.max(0), ReduceOp.PROD: stacked.prod(0)}[op]
 
 
 def check_shared_memory_off(pg, check):

@@ -27,7 +27,7 @@ def main():
     check.check(topology.host_name == socket.gethostname(),
                 f"host name {topology.host_name!r}, gethostname {socket.gethostname()!r}")
     check.check(len(set(topology.host_names)) == len(expected), f"host names {topology.host_names}")
-    mine = [host for host in expected if rank in host][0]
+    mine = next(host for host in expected if rank in host)
     check.check((topology.local_rank, topology.local_size) == (mine.index(rank), len(mine)),
                 f"local rank {topology.local_rank}/{topology.local_size}")
     check.check(topology.spans_hosts == (len(expected) > 1), f"spans_hosts {topology.spans_hosts}")

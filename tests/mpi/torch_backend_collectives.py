@@ -12,13 +12,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import numpy as np
+import torch
+import torch.distributed as dist
 
-import autograd_bridge  # noqa: E402
-import commlib  # noqa: E402
-from verdict import Checker  # noqa: E402
+import autograd_bridge
+import commlib
+from verdict import Checker
 
 torch.set_num_threads(1)
 RED = dist.ReduceOp
@@ -121,14 +121,17 @@ def check_others(checker, rank, size):
         t = contribution(rank, torch.int32)
         dist.reduce(t, root, op=RED.SUM)
         if rank == root:
-            checker.equal(t.numpy(), sum(contribution(r, torch.int32) for r in range(size)).numpy(), f"reduce to {root}")
+            checker.equal(t.numpy(), sum(contribution(r, torch.int32) for r in range(size)).numpy(),
+                          f"reduce to {root}")
     for async_op in (False, True):
         outs = [torch.full((2, 3), -1, dtype=torch.int64) for _ in range(size)]
-        run_async(async_op, lambda a: dist.all_gather(outs, torch.full((2, 3), 10 * rank + 1, dtype=torch.int64), async_op=a))
+        mine = torch.full((2, 3), 10 * rank + 1, dtype=torch.int64)
+        run_async(async_op, lambda a: dist.all_gather(outs, mine, async_op=a))
         for r, out in enumerate(outs):
             checker.equal(out.numpy(), np.full((2, 3), 10 * r + 1), f"all_gather [{r}] async_op={async_op}")
         flat = torch.zeros(size * 4, dtype=torch.float16)
-        run_async(async_op, lambda a: dist.all_gather_into_tensor(flat, torch.full((4,), rank + 0.5, dtype=torch.float16), async_op=a))
+        mine = torch.full((4,), rank + 0.5, dtype=torch.float16)
+        run_async(async_op, lambda a: dist.all_gather_into_tensor(flat, mine, async_op=a))
         checker.equal(as_f64(flat), np.repeat(np.arange(size) + 0.5, 4), f"all_gather_into_tensor async_op={async_op}")
         for op, combine in ((RED.SUM, np.sum), (RED.MAX, np.max), (RED.AVG, np.mean)):
             inp = torch.arange(size * 3, dtype=torch.float64) * (rank + 1)
@@ -139,13 +142,15 @@ def check_others(checker, rank, size):
         parts = [torch.full((2,), float(rank * 100 + i)) for i in range(size)]
         out = torch.zeros(2)
         run_async(async_op, lambda a: dist.reduce_scatter(out, parts, async_op=a))
-        checker.equal(out.numpy(), np.full(2, float(sum(r * 100 + rank for r in range(size)))), f"reduce_scatter list async_op={async_op}")
+        checker.equal(out.numpy(), np.full(2, float(sum(r * 100 + rank for r in range(size)))),
+                      f"reduce_scatter list async_op={async_op}")
         run_async(async_op, lambda a: dist.barrier(async_op=a))
     for root in range(size):
         gathered = [torch.full((2,), -1.0) for _ in range(size)] if rank == root else None
         dist.gather(torch.full((2,), rank * 3.0), gathered, dst=root)
         if rank == root:
-            checker.equal(torch.stack(gathered).numpy(), np.repeat(np.arange(size) * 3.0, 2).reshape(size, 2), f"gather to {root}")
+            checker.equal(torch.stack(gathered).numpy(), np.repeat(np.arange(size) * 3.0, 2).reshape(size, 2),
+                          f"gather to {root}")
         out = torch.zeros(3, dtype=torch.int64)
         parts = [torch.full((3,), 100 * root + r, dtype=torch.int64) for r in range(size)] if rank == root else None
         dist.scatter(out, parts, src=root)

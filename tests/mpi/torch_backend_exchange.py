@@ -18,13 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-import autograd_bridge  # noqa: E402
-import commlib  # noqa: E402
-from autograd_bridge import functional as F  # noqa: E402
-from verdict import Checker  # noqa: E402
+import autograd_bridge
+import commlib
+from autograd_bridge import functional as F
+from verdict import Checker
 
 torch.set_num_threads(1)
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.uint8,
@@ -44,8 +44,10 @@ def make(shape, dtype, seed):
 
 def same_bits(checker, ours, theirs, what):
     ok = ours.shape == theirs.shape and ours.dtype == theirs.dtype and torch.equal(
-        ours.reshape(-1).view(torch.uint8) if ours.numel() else ours, theirs.reshape(-1).view(torch.uint8) if theirs.numel() else theirs)
-    checker.check(ok, lambda: f"{what}: commlib {ours.reshape(-1)[:6].tolist()} vs gloo {theirs.reshape(-1)[:6].tolist()}")
+        ours.reshape(-1).view(torch.uint8) if ours.numel() else ours,
+        theirs.reshape(-1).view(torch.uint8) if theirs.numel() else theirs)
+    checker.check(ok, lambda: f"{what}: commlib {ours.reshape(-1)[:6].tolist()} "
+                              f"vs gloo {theirs.reshape(-1)[:6].tolist()}")
 
 
 def on_both(gloo, fn):
@@ -235,12 +237,16 @@ def check_pipeline_training(checker, rank, steps=3, microbatches=2):
                 work.wait()
                 activation = inputs[k].requires_grad_()
                 (torch.nn.functional.mse_loss(stage(activation), y) / microbatches).backward()
-                dist.send(activation.grad, 0, tag=200 + k) if number % 2 else dist.isend(activation.grad, 0, tag=200 + k).wait()
+                if number % 2:
+                    dist.send(activation.grad, 0, tag=200 + k)
+                else:
+                    dist.isend(activation.grad, 0, tag=200 + k).wait()
         optimizer.step()
     mine, theirs = list(stage.parameters()), list(reference[rank].parameters())
     checker.check(len(mine) == len(theirs), "pipeline stage parameter count")
     for index, (a, b) in enumerate(zip(mine, theirs)):
-        checker.equal(a.detach().numpy(), b.detach().numpy(), f"pipeline stage {rank} parameter {index} after {steps} steps")
+        checker.equal(a.detach().numpy(), b.detach().numpy(),
+                      f"pipeline stage {rank} parameter {index} after {steps} steps")
 
 
 # -- a mixture-of-experts layer: tokens to the rank that holds their expert, and back ----------
@@ -298,7 +304,7 @@ def check_moe(checker, gloo, rank, size):
     leaves = [t.clone().requires_grad_() for t, _ in everyone]
     experts = [expert(e) for e in range(size)]
     batches = {e: [] for e in range(size)}
-    for r, (t, routes_r) in enumerate(everyone):
+    for r, (_, routes_r) in enumerate(everyone):
         order = torch.argsort(routes_r % size, stable=True)
         for index in order.tolist():
             batches[int(routes_r[index]) % size].append((r, index))
@@ -312,7 +318,8 @@ def check_moe(checker, gloo, rank, size):
     same_bits(checker, via_commlib, reference.detach(), "MoE forward vs one process")
     total = sum(results[key].pow(2).sum() for key in sorted(results))
     total.backward()
-    checker.close(tokens.grad.numpy(), leaves[rank].grad.numpy(), "MoE token gradients vs one process", rtol=1e-5, atol=1e-6)
+    checker.close(tokens.grad.numpy(), leaves[rank].grad.numpy(), "MoE token gradients vs one process",
+                  rtol=1e-5, atol=1e-6)
     checker.close(mine.weight.grad.numpy(), experts[rank].weight.grad.numpy(),
                   "MoE expert weight gradient vs one process", rtol=1e-5, atol=1e-6)
 

@@ -1,7 +1,7 @@
 """Stand-in for cupy.cuda: devices, streams and events as host objects that log waits."""
 import threading
-from . import runtime
-from . import nccl
+from . import runtime as runtime  # submodules that are attributes in CuPy too
+from . import nccl as nccl
 _tls = threading.local()
 LOG = []
 

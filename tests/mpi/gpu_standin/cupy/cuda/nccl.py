@@ -1,5 +1,6 @@
 """One-rank stand-in for cupy.cuda.nccl: same method signatures as nccl.pyx; copies bytes on the host."""
-import ctypes, os
+import ctypes
+import os
 available = True
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64 = 0, 1, 2, 3, 4, 5
 NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64 = 6, 7, 8
