@@ -14,6 +14,7 @@ alltoall. Empty blocks are not sent. No extra memory.
 
 from __future__ import annotations
 
+from .partition import displacements
 from .reduce_scatter_pairwise import pairwise_partners
 
 __all__ = ["alltoall_pairwise", "alltoallv_pairwise"]
@@ -26,7 +27,7 @@ def alltoall_pairwise(transport, out, inp, *, segment_bytes: int = 1 << 20) -> N
 
 def alltoallv_pairwise(transport, out, inp, out_counts, in_counts, *, segment_bytes: int = 1 << 20) -> None:
     size, rank = transport.size, transport.rank
-    out_offsets, in_offsets = _offsets(out_counts), _offsets(in_counts)
+    out_offsets, in_offsets = displacements(out_counts), displacements(in_counts)
     transport.copy(out[out_offsets[rank]:out_offsets[rank + 1]], inp[in_offsets[rank]:in_offsets[rank + 1]])
     for round_ in range(1, size):
         destination, source = pairwise_partners(rank, size, round_)
@@ -37,10 +38,3 @@ def alltoallv_pairwise(transport, out, inp, out_counts, in_counts, *, segment_by
         if sends or recvs:
             transport.step(f"pairwise round {round_}")
             transport.exchange(sends, recvs)
-
-
-def _offsets(counts):
-    offsets = [0]
-    for count in counts:
-        offsets.append(offsets[-1] + count)
-    return offsets

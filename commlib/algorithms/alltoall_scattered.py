@@ -16,6 +16,8 @@ Empty blocks are not sent. No extra memory.
 
 from __future__ import annotations
 
+from .partition import displacements
+
 __all__ = ["alltoall_scattered", "alltoallv_scattered"]
 
 
@@ -26,7 +28,7 @@ def alltoall_scattered(transport, out, inp, *, segment_bytes: int = 1 << 20) -> 
 
 def alltoallv_scattered(transport, out, inp, out_counts, in_counts, *, segment_bytes: int = 1 << 20) -> None:
     size, rank = transport.size, transport.rank
-    out_offsets, in_offsets = _offsets(out_counts), _offsets(in_counts)
+    out_offsets, in_offsets = displacements(out_counts), displacements(in_counts)
     sends = [(inp[in_offsets[peer]:in_offsets[peer + 1]], peer) for peer in range(size)
              if peer != rank and in_counts[peer]]
     recvs = [(out[out_offsets[peer]:out_offsets[peer + 1]], peer) for peer in range(size)
@@ -35,10 +37,3 @@ def alltoallv_scattered(transport, out, inp, out_counts, in_counts, *, segment_b
     pending = transport.post(sends, recvs)
     transport.copy(out[out_offsets[rank]:out_offsets[rank + 1]], inp[in_offsets[rank]:in_offsets[rank + 1]])
     pending.wait()
-
-
-def _offsets(counts):
-    offsets = [0]
-    for count in counts:
-        offsets.append(offsets[-1] + count)
-    return offsets

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-__all__ = ["split_bounds", "segment_elements", "segment_count", "Span"]
+__all__ = ["split_bounds", "segment_elements", "segment_count", "displacements", "Span"]
 
 Span = Tuple[int, int]  # [start, stop) in elements of the flat buffer
 
@@ -46,3 +46,12 @@ def segment_elements(segment_bytes: int, itemsize: int) -> int:
 def segment_count(elements: int, segment_elems: int) -> int:
     """How many segments a span of ``elements`` needs (at least one, even when empty)."""
     return max(1, -(-elements // segment_elems))
+
+
+def displacements(counts) -> List[int]:
+    """Where each block starts when blocks of ``counts`` elements lie back to back, plus the end
+    (``len(counts) + 1`` offsets): block ``i`` is ``[d[i], d[i + 1])`` (alltoallv's layout)."""
+    offsets = [0]
+    for count in counts:
+        offsets.append(offsets[-1] + count)
+    return offsets
