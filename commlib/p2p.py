@@ -210,6 +210,7 @@ class PointToPoint:
     def _progress_loop(self) -> None:
         polls, idle_since, sleep = 0, time.monotonic(), 1e-5
         next_give_up_check = idle_since + SLEEP_AFTER_SECONDS
+        every = polls_per_yield()  # fixed since commlib.init counted the ranks on this machine
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
@@ -247,7 +248,7 @@ class PointToPoint:
                 polls, idle_since, sleep = 0, time.monotonic(), 1e-5
                 continue
             polls += 1
-            if polls % polls_per_yield() == 0:
+            if polls % every == 0:
                 os.sched_yield()
                 if time.monotonic() - idle_since > SLEEP_AFTER_SECONDS:
                     time.sleep(sleep)
