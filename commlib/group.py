@@ -121,8 +121,8 @@ class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, 
         check_op(op, flat.dtype, "allreduce")
         name = self.resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray,
                                       symmetric=algorithm == "auto" and self._is_symmetric(flat))
-        if (name == "native" and algorithm == "auto" and not async_op and buf.__class__ is np.ndarray
-                and self._small_fast_path_ok and self._allreduce_inline(buf, op)):
+        if (name == "native" and algorithm == "auto" and flat.nbytes > self._auto_native_bytes and not async_op
+                and buf.__class__ is np.ndarray and self._small_fast_path_ok and self._allreduce_inline(buf, op)):
             # "auto" means the library's own above the small sizes too (across hosts, 32 KiB-8 MiB);
             # another thread issuing meanwhile waits for the issue lock, as it would queue behind.
             return None
