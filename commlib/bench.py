@@ -36,8 +36,9 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from .ops import ReduceOp
+from .algorithms import get_algorithm
 from .benchtools import bus_factor, parse_size, resolve_dtype, time_interleaved
+from .ops import ReduceOp
 
 __all__ = ["main", "parse_size", "COLLECTIVES", "BASELINES"]
 
@@ -122,6 +123,8 @@ def mpi_reduction(dtype, op: str):
 
 class Setup:
     """One size of one collective: buffers, the calls to time, the check."""
+
+    symmetric: Optional[np.ndarray] = None  # allreduce with --symmetric: the same input in pg.alloc
 
     def __init__(self, collective, comm, pg, count, dtype, op, symmetric=False):
         self.collective, self.dtype, self.op = collective, dtype, op
@@ -215,8 +218,6 @@ class Setup:
             self.baseline = lambda: comm.Alltoall([inp, MPI.BYTE], byte_view)
             self.ours = lambda name: pg.alltoall(target, inp, algorithm=name)
 
-    symmetric: Optional[np.ndarray] = None
-
     def reset(self) -> None:
         np.copyto(self.target, self.pristine)
         if self.symmetric is not None:
@@ -254,8 +255,6 @@ def main(argv=None) -> int:
             print(f"unknown {collective} algorithm(s) {unknown}: expected some of {sorted(known)}", file=sys.stderr)
         return 2
     # The shared-memory algorithms read the peers' memory: only on a group within one host.
-    from .algorithms import get_algorithm
-
     one_host = pg.host_memory is not None and pg.host_memory.single_host
     unfit = [name for name in algorithms if name != "auto" and not one_host
              and getattr(get_algorithm(name, collective), "requires_shared_memory", False)]
