@@ -11,7 +11,8 @@ group's machinery; the other collectives are in :mod:`.collectives`, point-to-po
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence
+import math
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from .errors import InvalidUsageError
 from .fingerprint import CallFingerprint
 from .executor import CommExecutor
 from .crash_witness import witness_endpoint
-from .group_inline import InlineNativeMethods, set_up_inline_natives
+from .group_inline import set_up_inline_natives
 from .group_shared_memory import SharedMemoryMethods
 from .host_memory import open_host_memory
 from .progress_board import ProgressBoard
@@ -46,7 +47,11 @@ _SUM = ReduceOp.SUM
 _AVG = ReduceOp.AVG
 
 
-class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, PointToPointMethods):
+class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
+    # allreduce's fast path (commlib/group_inline.py; its "auto" limit is set below)
+    _allreduce_inline: Callable[..., bool]
+    _allreduce_inline_bytes: Dict[str, float]
+
     def __init__(self, comm: "MPI.Comm", *, timeout: float, config: Config, debug: bool = False,
                  name: str = "world", segment_bytes: Optional[int] = None, device=None,
                  gpu_transport: Optional[str] = None):
@@ -83,7 +88,7 @@ class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, 
         # (no debug fingerprints) and "auto" means "native" for small messages, skip the
         # general machinery (see commlib/group_inline.py).
         set_up_inline_natives(self)
-        self._small_fast_path_ok = self._inline_native_bytes["allreduce"] >= 0
+        self._small_fast_path_ok = bool(self._allreduce_inline_bytes)
         self._auto_native_bytes = native_threshold(self.size, config.algorithm_override)
         self._shm_inline_bytes: float = -1
         if self._shm is not None and not config.algorithm_override and self._small_fast_path_ok:
@@ -92,11 +97,14 @@ class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, 
             self._shm_inline_bytes = min(shared_memory_inline_bytes(self.size), self._shm.layout.slot_bytes)
             self._auto_native_bytes = -1
             self._shm.inline_timeout = self.timeout
+            self._shm_allreduce_runner = self.executor.inline_runner(self._shm_allreduce_now)
         self._cost_model = None
         if self.topology.spans_hosts:  # across hosts "auto" has its own table, or a fitted model
             self._cost_model = load_cost_model(config.cost_model)
             self._auto_native_bytes = native_threshold_across_hosts(
                 self.topology, config.algorithm_override, self._cost_model, _algorithms._REGISTRY)
+        if self._small_fast_path_ok:  # "native": inline at any size, as the general path would run it
+            self._allreduce_inline_bytes = {"auto": self._auto_native_bytes, "native": math.inf}
         if self.debug:
             from .fingerprint import FingerprintChecker
 
@@ -111,9 +119,7 @@ class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, 
         if (buf.__class__ is np.ndarray and buf.nbytes <= self._shm_inline_bytes and not async_op
                 and (algorithm == "auto" or algorithm == "shm_oneshot") and self._shm_allreduce_inline(buf, op)):
             return None
-        if (not async_op and buf.__class__ is np.ndarray and self._small_fast_path_ok
-                and (algorithm == "native" or (algorithm == "auto" and buf.nbytes <= self._auto_native_bytes))
-                and self._allreduce_inline(buf, op)):
+        if not async_op and self._allreduce_inline(self._allreduce_inline_bytes.get(algorithm, -1), buf, op):
             return None
         if op.__class__ is not ReduceOp:
             op = ReduceOp.coerce(op)
@@ -122,7 +128,7 @@ class ProcessGroup(SharedMemoryMethods, InlineNativeMethods, CollectiveMethods, 
         name = self.resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray,
                                       symmetric=algorithm == "auto" and self._is_symmetric(flat))
         if (name == "native" and algorithm == "auto" and flat.nbytes > self._auto_native_bytes and not async_op
-                and buf.__class__ is np.ndarray and self._small_fast_path_ok and self._allreduce_inline(buf, op)):
+                and self._small_fast_path_ok and self._allreduce_inline(math.inf, buf, op)):
             # "auto" means the library's own above the small sizes too (across hosts, 32 KiB-8 MiB);
             # another thread issuing meanwhile waits for the issue lock, as it would queue behind.
             return None

@@ -6,7 +6,7 @@ A mixin, so that ``group.py`` stays about ordering and dispatch; the memory itse
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
@@ -32,6 +32,8 @@ class SharedMemoryMethods:
     executor: CommExecutor
     host_memory: Optional[HostMemory]
     _shm: Optional[SharedMemoryTransport]
+    _shm_allreduce_runner: Callable[..., bool]  # executor.inline_runner(_shm_allreduce_now), set by the group
+    _shm_inline_bytes: float
     _progress_slot: Optional[memoryview]
 
     def alloc(self, shape, dtype=np.float32) -> np.ndarray:
@@ -99,9 +101,11 @@ class SharedMemoryMethods:
         flags = buf.flags
         if not (flags.c_contiguous and flags.writeable):
             return False
-        return self.executor.try_run_inline(self._shm_allreduce_now, buf, round_)
+        return self._shm_allreduce_runner(self._shm_inline_bytes, buf, round_)
 
-    def _shm_allreduce_now(self, seq: int, buf, round_) -> None:
+    def _shm_allreduce_now(self, seq: int, _limit, buf, round_, _unused=None) -> bool:
+        """The executor's inline runner calls this (``_shm_allreduce_runner``), numbered ``seq``
+        (the size limit was checked by allreduce, before the validated-round test above)."""
         progress_slot = self._progress_slot
         if progress_slot is not None:
             progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
@@ -110,3 +114,4 @@ class SharedMemoryMethods:
         shm.inline_seq = seq  # the context, should it be needed (see SharedMemoryTransport)
         shm.inline_nbytes = buf.nbytes
         round_(buf if buf.ndim == 1 else buf.reshape(-1), buf.nbytes)
+        return True

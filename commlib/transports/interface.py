@@ -35,8 +35,8 @@ And what the group itself uses, besides the above:
 
 * ``progress_board``: set by the group; waits read it to name laggards and to give up when a
   peer's process exited;
-* ``inline_native(collective, timeout)``: a cheap ``run(seq, *args)`` for the group's
-  small-message fast path (:mod:`commlib.group_inline`), or None (the default);
+* ``inline_native(collective, timeout)``: a cheap ``run(seq, limit, *args) -> bool`` for the
+  group's small-message fast path (:mod:`commlib.group_inline`), or None (the default);
 * ``split(member, key)`` and ``free_communicator()``: the group's sub-groups and its teardown
   (MPI: ``MPI_Comm_split``, ``MPI_Comm_free``), so that the group never calls the library.
 
@@ -173,13 +173,18 @@ class Transport(abc.ABC):
 
     # -- the library's collectives on the caller's thread (the group's small-message fast path) --
     def inline_native(self, collective: str, timeout: float):
-        """A function ``run(seq, *args)`` that runs ``native_<collective>(*args)`` as collective
-        number ``seq`` right away on the caller's thread, cheaper than the general path, or None.
+        """A function ``run(seq, limit, *args) -> bool`` that runs ``native_<collective>(*args)``
+        as collective number ``seq`` right away on the caller's thread, cheaper than the general
+        path, or None.
 
-        The group asks once per collective and calls it from its small-message fast path (nothing
-        else in line, plain host buffers, see :mod:`commlib.group_inline`). ``run`` must keep the
-        general path's semantics: mark ``progress_board`` (if any) started, give up after
-        ``timeout`` seconds with the same errors, name the collective and ``seq`` in them. The
+        The group asks once per collective and calls it from its small-message fast path, under
+        the executor's issue lock with nothing else in line (see :mod:`commlib.group_inline`).
+        ``run`` first decides whether it takes the call (plain host buffers it can hand to its
+        library as they are, valid arguments, at most ``limit`` bytes as ``auto`` keys the
+        collective) and returns False without touching anything if not: the general path then
+        validates and explains. When it takes the call it must keep the general path's
+        semantics: mark ``progress_board`` (if any) started, give up after ``timeout`` seconds
+        with the same errors, name the collective and ``seq`` in them; and return True. The
         default, None, leaves every call to the general path.
         """
         return None

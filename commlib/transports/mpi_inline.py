@@ -1,15 +1,23 @@
 """The MPI library's collectives in the form the group's small-message fast path calls them.
 
 :meth:`MPITransport.inline_native` hands the group, once per collective, a function
-``run(seq, *args)`` that does what ``native_<collective>(*args)`` does on the general path, and
-nothing else: mark the progress board, start the nonblocking MPI call, poll it. A small
-collective between ranks of one host takes one or two microseconds, and every Python call on
-this path costs a tenth of that (measured: a generic starter table and ``*args`` forwarding
-added 0.4 us to a 1.5 us ``MPI_Ibcast``), so each function is written out for its collective.
-Only a collective still running after ``INLINE_POLLS`` polls pays for the general machinery:
-its context is set (the deadline counts from there, microseconds late) and it waits as the
-general path does, yielding the core, giving up on a peer that exited, timing out with the
-same errors.
+``run(seq, limit, *args) -> bool`` (padded to three arguments with None, see
+:meth:`~commlib.executor.CommExecutor.inline_runner`): if the call is plain enough (host numpy buffers,
+C-contiguous, writable where written, a dtype and op the library takes directly, a valid root,
+consistent sizes, at most ``limit`` bytes as the group keys the collective) it does what
+``native_<collective>(*args)`` does on the general path and nothing else: mark the progress
+board, start the nonblocking MPI call, poll it; True. Otherwise it touches nothing and returns
+False, and the general path validates and explains. The executor calls it under its issue lock
+(:meth:`commlib.executor.CommExecutor.inline_runner`), numbered ``seq``.
+
+A small collective between ranks of one host takes one or two microseconds, and every Python
+call on this path costs a tenth of that, so each function is written out for its collective,
+checks included (measured at two ranks, 8-byte broadcast: checks in a group method of their own,
+then a generic executor call, then this function: 2.10 us; the checks here, under the lock:
+1.87 us; ``MPI_Bcast`` 1.3 us). Only a collective still running after ``INLINE_POLLS`` polls
+pays for the general machinery: its context is set (the deadline counts from there,
+microseconds late) and it waits as the general path does, yielding the core, giving up on a
+peer that exited, timing out with the same errors.
 
 The polls do not yield: at two ranks on two cores a ``sched_yield`` in the first microseconds
 cost 0.2 us. Where the job's ranks outnumber the machine's cores (:mod:`commlib.machine`) there
@@ -18,9 +26,11 @@ is one poll, and the ordinary wait, which then yields after every poll, takes ov
 
 from __future__ import annotations
 
+import numpy as np
 from mpi4py import MPI
 
 from ..machine import oversubscribed
+from ..ops import DTYPE_IS_FLOAT, ReduceOp
 from ..progress_board import CODE_BITS, COLLECTIVE_CODES
 from .mpi_natives import as_bytes, reduce_scatter_specs, reduction
 from .mpi_types import MPI_PREDEFINED as PLAIN  # dtypes whose arrays export a plain buffer
@@ -30,15 +40,23 @@ __all__ = ["make_inline_native", "INLINE_POLLS"]
 INLINE_POLLS = 32
 BYTE = MPI.BYTE
 IN_PLACE = MPI.IN_PLACE
+NDARRAY = np.ndarray
+_SUM, _MIN, _MAX = ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX
+# The ops whose reduction needs nothing after it (AVG divides), by name; members are matched by
+# identity, since hashing an Enum member runs Python code (0.3 us).
+_OP_NAMES = {"sum": _SUM, "min": _MIN, "max": _MAX, "SUM": _SUM, "MIN": _MIN, "MAX": _MAX}
 
 
 def make_inline_native(transport, collective: str, timeout: float):
-    """``run(seq, *args)`` for ``collective`` over ``transport`` (an MPITransport), or None."""
+    """``run(seq, limit, a, b, c) -> bool`` for ``collective`` over ``transport`` (an MPITransport), or None."""
     make = _MAKERS.get(collective)
     if make is None:
         return None
     board = transport.progress_board
-    slot = board.mine if board is not None else None
+    # Always a slot to mark (a private one without a board): one test less on the path.
+    slot = board.mine_slot if board is not None else None
+    if slot is None:
+        slot = [0]
     started = COLLECTIVE_CODES[collective]
     context = transport.context
 
@@ -50,42 +68,69 @@ def make_inline_native(transport, collective: str, timeout: float):
     return make(transport, transport.comm, slot, started, finish, polls)
 
 
+# Each run first decides, touching nothing, whether the call is one it takes (False: the general
+# path validates and explains), then starts the library's call and polls it.
+
 def _allreduce(transport, comm, slot, started, finish, polls):
-    def allreduce(seq, buf, op):
-        if slot is not None:
-            slot[0] = (seq << CODE_BITS) | started
-        spec, mpi_op = reduction(buf, op)
+    def allreduce(seq, limit, buf, op, _unused=None):
+        if buf.__class__ is not NDARRAY or buf.nbytes > limit:
+            return False
+        flags = buf.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return False
+        spec, mpi_op = _reduction(buf, op)
+        if spec is None:
+            return False
+        slot[0] = (seq << CODE_BITS) | started
         request = comm.Iallreduce(IN_PLACE, spec, mpi_op)
         test = request.Test
         for _ in polls:
             if test():
-                return
+                return True
         finish(request, seq, buf.nbytes)
+        return True
 
     return allreduce
 
 
 def _broadcast(transport, comm, slot, started, finish, polls):
-    def broadcast(seq, buf, root):
-        if slot is not None:
-            slot[0] = (seq << CODE_BITS) | started
-        request = comm.Ibcast([buf, BYTE] if buf.dtype in PLAIN else as_bytes(buf), root)
+    size = transport.size
+
+    def broadcast(seq, limit, buf, root, _unused=None):
+        if buf.__class__ is not NDARRAY or buf.nbytes > limit:
+            return False
+        flags = buf.flags
+        if not (flags.c_contiguous and flags.writeable) or root.__class__ is not int or not 0 <= root < size:
+            return False
+        spec = [buf, BYTE] if buf.dtype in PLAIN else as_bytes(buf) if buf.dtype in DTYPE_IS_FLOAT else None
+        if spec is None:
+            return False
+        slot[0] = (seq << CODE_BITS) | started
+        request = comm.Ibcast(spec, root)
         test = request.Test
         for _ in polls:
             if test():
-                return
+                return True
         finish(request, seq, buf.nbytes)
+        return True
 
     return broadcast
 
 
 def _reduce(transport, comm, slot, started, finish, polls):
-    rank = transport.rank
+    rank, size = transport.rank, transport.size
 
-    def reduce(seq, buf, root, op):
-        if slot is not None:
-            slot[0] = (seq << CODE_BITS) | started
-        spec, mpi_op = reduction(buf, op)
+    def reduce(seq, limit, buf, root, op):
+        if buf.__class__ is not NDARRAY or buf.nbytes > limit:
+            return False
+        flags = buf.flags
+        if (not (flags.c_contiguous and flags.writeable) or root.__class__ is not int
+                or not 0 <= root < size):
+            return False
+        spec, mpi_op = _reduction(buf, op)
+        if spec is None:
+            return False
+        slot[0] = (seq << CODE_BITS) | started
         if root == rank:
             request = comm.Ireduce(IN_PLACE, spec, mpi_op, root)
         else:
@@ -93,53 +138,73 @@ def _reduce(transport, comm, slot, started, finish, polls):
         test = request.Test
         for _ in polls:
             if test():
-                return
+                return True
         finish(request, seq, buf.nbytes)
+        return True
 
     return reduce
 
 
 def _allgather(transport, comm, slot, started, finish, polls):
-    def allgather(seq, out, inp):
-        if slot is not None:
-            slot[0] = (seq << CODE_BITS) | started
+    size = transport.size
+
+    def allgather(seq, limit, out, inp, _unused=None):
+        if out.__class__ is not NDARRAY or out.nbytes > limit:
+            return False
+        if not _plain_pair(out, inp) or out.size != size * inp.size:
+            return False
+        slot[0] = (seq << CODE_BITS) | started
         request = comm.Iallgather([inp, BYTE] if inp.dtype in PLAIN else as_bytes(inp),
-                                 [out, BYTE] if out.dtype in PLAIN else as_bytes(out))
+                                  [out, BYTE] if out.dtype in PLAIN else as_bytes(out))
         test = request.Test
         for _ in polls:
             if test():
-                return
+                return True
         finish(request, seq, out.nbytes)
+        return True
 
     return allgather
 
 
 def _reduce_scatter(transport, comm, slot, started, finish, polls):
-    def reduce_scatter(seq, out, inp, op):
-        if slot is not None:
-            slot[0] = (seq << CODE_BITS) | started
+    size = transport.size
+
+    def reduce_scatter(seq, limit, out, inp, op):
+        if inp.__class__ is not NDARRAY or inp.nbytes > limit:
+            return False
+        op = _inline_op(op)
+        if not _plain_pair(out, inp) or inp.size != size * out.size or op is None:
+            return False
+        slot[0] = (seq << CODE_BITS) | started
         request = comm.Ireduce_scatter_block(*reduce_scatter_specs(out, inp, op))
         test = request.Test
         for _ in polls:
             if test():
-                return
+                return True
         finish(request, seq, inp.nbytes)
+        return True
 
     return reduce_scatter
 
 
 def _alltoall(transport, comm, slot, started, finish, polls):
-    def alltoall(seq, out, inp):
-        if slot is not None:
-            slot[0] = (seq << CODE_BITS) | started
+    size = transport.size
+
+    def alltoall(seq, limit, out, inp, _unused=None):
+        if inp.__class__ is not NDARRAY or inp.nbytes > limit:
+            return False
+        if not _plain_pair(out, inp) or out.size != inp.size or inp.size % size:
+            return False
+        slot[0] = (seq << CODE_BITS) | started
         # mpi4py divides a [buffer, BYTE] spec into one block per rank.
         request = comm.Ialltoall([inp, BYTE] if inp.dtype in PLAIN else as_bytes(inp),
                                  [out, BYTE] if out.dtype in PLAIN else as_bytes(out))
         test = request.Test
         for _ in polls:
             if test():
-                return
+                return True
         finish(request, seq, inp.nbytes)
+        return True
 
     return alltoall
 
@@ -147,16 +212,25 @@ def _alltoall(transport, comm, slot, started, finish, polls):
 def _gather(transport, comm, slot, started, finish, polls):
     rank, size = transport.rank, transport.size
 
-    def gather(seq, out, inp, root):
-        if slot is not None:
-            slot[0] = (seq << CODE_BITS) | started
+    def gather(seq, limit, out, inp, root):
+        if inp.__class__ is not NDARRAY or inp.nbytes * size > limit:
+            return False
+        if root.__class__ is not int or not 0 <= root < size:
+            return False
+        if root == rank:
+            if not _plain_pair(out, inp) or out.size != size * inp.size:
+                return False
+        elif not (inp.flags.c_contiguous and inp.dtype in DTYPE_IS_FLOAT):
+            return False
+        slot[0] = (seq << CODE_BITS) | started
         request = comm.Igather([inp, BYTE] if inp.dtype in PLAIN else as_bytes(inp),
                                (as_bytes(out) if rank == root else None), root)
         test = request.Test
         for _ in polls:
             if test():
-                return
+                return True
         finish(request, seq, inp.nbytes * size)
+        return True
 
     return gather
 
@@ -164,32 +238,79 @@ def _gather(transport, comm, slot, started, finish, polls):
 def _scatter(transport, comm, slot, started, finish, polls):
     rank, size = transport.rank, transport.size
 
-    def scatter(seq, out, inp, root):
-        if slot is not None:
-            slot[0] = (seq << CODE_BITS) | started
+    def scatter(seq, limit, out, inp, root):
+        if out.__class__ is not NDARRAY or out.nbytes * size > limit:
+            return False
+        if root.__class__ is not int or not 0 <= root < size:
+            return False
+        if root == rank:
+            if not _plain_pair(out, inp) or inp.size != size * out.size:
+                return False
+        else:
+            flags = out.flags
+            if not (flags.c_contiguous and flags.writeable and out.dtype in DTYPE_IS_FLOAT):
+                return False
+        slot[0] = (seq << CODE_BITS) | started
         request = comm.Iscatter(([inp, BYTE] if inp.dtype in PLAIN else as_bytes(inp)) if rank == root else None,
                                 [out, BYTE] if out.dtype in PLAIN else as_bytes(out), root)
         test = request.Test
         for _ in polls:
             if test():
-                return
+                return True
         finish(request, seq, out.nbytes * size)
+        return True
 
     return scatter
 
 
 def _barrier(transport, comm, slot, started, finish, polls):
-    def barrier(seq):
-        if slot is not None:
-            slot[0] = (seq << CODE_BITS) | started
+    def barrier(seq, limit, _a=None, _b=None, _c=None):
+        if limit < 0:
+            return False
+        slot[0] = (seq << CODE_BITS) | started
         request = comm.Ibarrier()
         test = request.Test
         for _ in polls:
             if test():
-                return
+                return True
         finish(request, seq, 0)
+        return True
 
     return barrier
+
+
+def _reduction(buf, op):
+    """(buffer spec, MPI op) for reducing ``buf`` with ``op`` as the fast path does, or (None, None)
+    when it does not take the pair (AVG divides afterwards; unsupported dtype)."""
+    op = _inline_op(op)
+    datatype = PLAIN.get(buf.dtype)
+    if op is None or (datatype is None and buf.dtype not in DTYPE_IS_FLOAT):
+        return None, None
+    if datatype is None:  # bfloat16: a user op over bytes
+        return reduction(buf, op)
+    return [buf, buf.size, datatype], (MPI.SUM if op is _SUM else MPI.MAX if op is _MAX else MPI.MIN)
+
+
+def _inline_op(op):
+    """The ReduceOp for ``op`` if the fast path takes it, else None."""
+    if op is _SUM or op is _MAX or op is _MIN:
+        return op
+    return _OP_NAMES.get(op) if op.__class__ is str else None
+
+
+def _plain_pair(out, inp) -> bool:
+    """Both plain numpy, one supported dtype, usable in place, and apart in memory: two arrays
+    that own their data are separate allocations; otherwise numpy's bounds test, and what it
+    cannot rule out goes to the general path's exact check."""
+    if out.__class__ is not NDARRAY or inp.__class__ is not NDARRAY or out.dtype is not inp.dtype:
+        return False
+    out_flags, inp_flags = out.flags, inp.flags
+    if not (out_flags.c_contiguous and out_flags.writeable and inp_flags.c_contiguous
+            and out.dtype in DTYPE_IS_FLOAT):
+        return False
+    if out_flags.owndata and inp_flags.owndata:
+        return out is not inp
+    return not np.may_share_memory(out, inp)
 
 
 _MAKERS = {

@@ -110,6 +110,20 @@ def check_inline_path(pg, check) -> None:
         check.equal(before, np.full(4, sum(range(pg.size)), np.int64), f"{name}: the async allreduce")
         _check_results(check, name, "queued", *results())
 
+    # 3. Calls the fast path looks at and declines (a numpy integer as root; AVG, which divides
+    # afterwards): the general path runs them, numbered next; the number the fast path took while
+    # deciding under the lock is given back.
+    buf = np.empty(4, np.float64)
+    declined = (("broadcast with a numpy root", lambda: pg.broadcast(buf, np.int64(0)), 0.0),
+                ("allreduce AVG", lambda: pg.allreduce(buf, "avg", algorithm="native"), (pg.size - 1) / 2))
+    for name, issue, expected in declined:
+        buf[...] = pg.rank
+        runs, seq = executor.inline_runs, pg.seq
+        issue()
+        check.check(executor.inline_runs == runs, f"{name}: ran inline; expected the general path")
+        check.check(pg.seq == seq + 1, f"{name}: seq {seq} -> {pg.seq}, expected {seq + 1}")
+        check.equal(buf, np.full(4, expected), name)
+
 
 def _check_results(check, name, when, actual, expected) -> None:
     if expected is None:
@@ -118,4 +132,3 @@ def _check_results(check, name, when, actual, expected) -> None:
         check.check(False, f"{name} ({when}): no output buffer")
         return
     check.equal(actual, expected.astype(actual.dtype), f"{name} ({when})")
-
