@@ -9,7 +9,7 @@
 its pybind trampoline, from C++: DDP's reducer and ``_broadcast_coalesced``). It serves what
 torch's DDP and the public collectives call: allreduce (+coalesced), broadcast, reduce,
 allgather (list, into-tensor, coalesced), reduce_scatter (list, tensor), barrier, and gather /
-scatter (over allgather / broadcast, so the *_object collectives work); and, in
+scatter (commlib's rooted ones; the *_object collectives ride on these); and, in
 :mod:`.backend_exchange`, send / recv / recv_anysource (so ``batch_isend_irecv`` too), alltoall
 (list and single, with and without split sizes) and monitored_barrier. Ops: SUM, AVG (floats),
 MIN, MAX, PRODUCT; BAND/BOR/BXOR on
@@ -238,34 +238,42 @@ class CommlibProcessGroup(ExchangeMethods, dist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
-    # gather and scatter ride on allgather and broadcast: P times the bytes of a rooted
-    # algorithm, but the same collective on every rank (no root-dependent code paths), and
-    # gather_object / scatter_object_list are small.
+    # gather and scatter: commlib's own rooted collectives, so each rank moves its block once
+    # (torch hands a list of tensors; commlib takes one flat rank-major buffer on the root).
     def gather(self, output_lists, input_tensors, opts=None):  # type: ignore[override]  # torch calls (tensors, opts)
         root = 0 if opts is None else opts.rootRank
-        tensor = single(input_tensors, "gather")
-        outputs = output_lists[0] if output_lists else None
+        inp = Staged(single(input_tensors, "gather"), "gather input")  # non-contiguous: a copy, never copied back
+        outputs = output_lists[0] if output_lists else []
+        flat_staged = None
         if self.rank() == root:
-            self._check_parts(outputs, tensor, "gather", "gather_list")
-        flat = torch.empty((self.size(),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        work = self.all_gather_single(flat, tensor.contiguous(), _SYNC)
-        work.wait()
-        if outputs:
-            for index, out in enumerate(outputs):
-                out.copy_(flat[index])
-        return self._done
+            self._check_parts(outputs, inp.tensor, "gather", "gather_list")
+            flat_staged = Staged(torch.empty((self.size(),) + tuple(inp.tensor.shape), dtype=inp.tensor.dtype,
+                                             device=inp.tensor.device), "gather staging")
+        flat_out = None if flat_staged is None else flat_staged.array
+        group = self.commlib_group
+
+        def finish():
+            if flat_staged is not None:
+                for index, out in enumerate(outputs):
+                    out.copy_(flat_staged.tensor[index])
+
+        # The future's value is what gloo's holds: the gather list on the root, [] elsewhere.
+        return self._completer.complete(opts or _ASYNC,
+                            lambda async_op: group.gather(flat_out, inp.array, root, async_op=async_op),
+                            list(outputs), finish, inp.cuda_device)
 
     def scatter(self, output_tensors, input_lists, opts=None):  # type: ignore[override]  # torch calls (tensors, opts)
         root = 0 if opts is None else opts.rootRank
-        output = single(output_tensors, "scatter")
-        flat = torch.empty((self.size(),) + tuple(output.shape), dtype=output.dtype, device=output.device)
+        out = Staged(single(output_tensors, "scatter"), "scatter output")
+        flat_in = None
         if self.rank() == root:
-            parts = input_lists[0]
-            self._check_parts(parts, output, "scatter", "scatter_list")
-            torch.stack([p.detach() for p in parts], out=flat)
-        self.broadcast([flat], _sync_broadcast(root)).wait()
-        output.copy_(flat[self.rank()])
-        return self._done
+            parts = input_lists[0] if input_lists else []
+            self._check_parts(parts, out.tensor, "scatter", "scatter_list")
+            flat_in = Staged(torch.stack([p.detach() for p in parts]), "scatter staging").array
+        group = self.commlib_group
+        return self._completer.complete(opts or _ASYNC,
+                            lambda async_op: group.scatter(out.array, flat_in, root, async_op=async_op),
+                            [out.tensor], copy_back_all([out]), out.cuda_device)
 
     def _check_parts(self, parts, like: torch.Tensor, collective: str, what: str) -> None:
         if len(parts) != self.size():
@@ -289,20 +297,6 @@ class _AsyncOptions:
 
 
 _ASYNC = _AsyncOptions()
-
-
-class _SyncOptions:
-    asyncOp = False
-    rootRank = 0
-
-
-_SYNC = _SyncOptions()
-
-
-def _sync_broadcast(root: int) -> _SyncOptions:
-    options = _SyncOptions()
-    options.rootRank = root
-    return options
 
 
 def commlib_group_of(group=None) -> "commlib.ProcessGroup":

@@ -6,13 +6,14 @@ Run::
     mpiexec -n 2 python -m commlib.bench --collective allgather -b 1M -e 64M -f 4 --json out.json
     mpiexec -n 4 python -m commlib.bench --collective broadcast -a binomial,chain,native
     mpiexec -n 2 python -m commlib.bench -a native,ring,shm_oneshot,shm_twoshot,auto --symmetric
+    mpiexec -n 4 python -m commlib.bench --collective barrier -n 200
 
 ``--collective`` is allreduce (default), broadcast, reduce, allgather, reduce_scatter, alltoall,
-gather or scatter.
+gather, scatter or barrier.
 For each size it first times the MPI library's collective called directly through mpi4py
 (``MPI_Allreduce`` in place, ``MPI_Bcast``, ``MPI_Reduce``, ``MPI_Allgather``,
-``MPI_Reduce_scatter_block``, ``MPI_Alltoall``, ``MPI_Gather``, ``MPI_Scatter``; not through
-commlib), then each commlib
+``MPI_Reduce_scatter_block``, ``MPI_Alltoall``, ``MPI_Gather``, ``MPI_Scatter``, ``MPI_Barrier``;
+not through commlib), then each commlib
 algorithm through its ``ProcessGroup`` method (rooted collectives: root 0). The contenders of
 one size take turns (every iteration calls each once, the first rotating), so drift of a shared
 machine hits them alike; every call starts from a fresh copy of the rank-derived input and on a
@@ -22,6 +23,10 @@ nccl-tests' factor (allreduce 2(P-1)/P; allgather, reduce_scatter, alltoall, gat
 contender (summed over ranks), and the ratio of the row's time to the MPI library's. ``size`` is the
 buffer for allreduce, broadcast and reduce, the whole output for allgather and gather, the whole
 input for reduce_scatter, alltoall and scatter (nccl-tests' convention; also what ``"auto"`` is keyed on).
+The barrier moves no payload: one row per contender, size, count, algbw and busbw 0, dtype '-'
+(the size and dtype options are ignored), and #wrong counts the times a rank left the barrier before a
+peer of its host had entered it (:mod:`commlib.bench_barrier`: an arrival board in shared
+memory, one rank arriving late each round).
 """
 
 from __future__ import annotations
@@ -31,21 +36,23 @@ import functools
 import json
 import sys
 import time
-from typing import Optional
+from typing import Iterator, List, Optional
 
 import numpy as np
 from mpi4py import MPI
 
 from .algorithms import get_algorithm
+from .bench_barrier import CHECK_ROUNDS, LATE_SECONDS, BarrierCheck
 from .benchtools import bus_factor, parse_size, resolve_dtype, time_interleaved
 from .ops import ReduceOp
 
 __all__ = ["main", "parse_size", "COLLECTIVES", "BASELINES"]
 
-COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather", "scatter")
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather", "scatter",
+               "barrier")
 BASELINES = {"allreduce": "MPI_Allreduce", "broadcast": "MPI_Bcast", "reduce": "MPI_Reduce",
              "allgather": "MPI_Allgather", "reduce_scatter": "MPI_Reduce_scatter_block",
-             "alltoall": "MPI_Alltoall", "gather": "MPI_Gather", "scatter": "MPI_Scatter"}
+             "alltoall": "MPI_Alltoall", "gather": "MPI_Gather", "scatter": "MPI_Scatter", "barrier": "MPI_Barrier"}
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 REDUCING = ("allreduce", "reduce", "reduce_scatter")
 ROOT = 0
@@ -125,11 +132,19 @@ class Setup:
     """One size of one collective: buffers, the calls to time, the check."""
 
     symmetric: Optional[np.ndarray] = None  # allreduce with --symmetric: the same input in pg.alloc
+    barrier_check: Optional[BarrierCheck] = None  # the barrier's: who left before whom arrived
 
     def __init__(self, collective, comm, pg, count, dtype, op, symmetric=False):
         self.collective, self.dtype, self.op = collective, dtype, op
         rank, size = comm.Get_rank(), comm.Get_size()
         self.rank, self.size = rank, size
+        if collective == "barrier":  # no payload: nothing to reset, the check is the arrival order
+            self.count = self.nbytes = 0
+            self.target = self.pristine = np.empty(0, dtype)
+            self.barrier_check = BarrierCheck(comm)
+            self.baseline = comm.Barrier
+            self.ours = lambda name: pg.barrier(algorithm=name)
+            return
         block = max(1, count // size)
         datatype, mpi_op = mpi_reduction(dtype, op) if collective in REDUCING else (None, None)
         # The enum member, as a program passes it (a string takes the general path: the inline
@@ -227,15 +242,29 @@ class Setup:
         result = self.symmetric if symmetric else self.target
         return int(np.count_nonzero(result != self.expected))
 
+    def check(self, run, symmetric: bool = False) -> Optional[int]:
+        """This rank's wrong count after one more call of ``run`` on fresh inputs (None: unchecked)."""
+        if self.barrier_check is not None:
+            return self.barrier_check.wrong_after(run)
+        self.reset()
+        run()
+        return self.wrong(symmetric)
+
+    def close(self) -> None:
+        if self.barrier_check is not None:
+            self.barrier_check.close()
+
 
 HEADER = (f"{'size':>10} {'count':>10} {'dtype':>8} {'algorithm':>24} {'time(us)':>10} "
           f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7} {'ratio':>6}")
 
 
 def format_row(row: dict) -> str:
-    return (f"{row['size']:>10} {row['count']:>10} {row['dtype']:>8} {row['algorithm']:>24} "
+    dtype = row["dtype"] or "-"
+    wrong = "-" if row["wrong"] is None else row["wrong"]
+    return (f"{row['size']:>10} {row['count']:>10} {dtype:>8} {row['algorithm']:>24} "
             f"{row['time_us']:>10.1f} {row['algbw_gbs']:>11.3f} {row['busbw_gbs']:>11.3f} "
-            f"{row['wrong']:>7} {row['ratio']:>6.2f}")
+            f"{wrong:>7} {row['ratio']:>6.2f}")
 
 
 def main(argv=None) -> int:
@@ -267,50 +296,75 @@ def main(argv=None) -> int:
     algorithms = [name for name in algorithms if name not in unfit]
     baseline = BASELINES[collective]
     factor = bus_factor(collective, size)
-    rows = []
+    barrier = collective == "barrier"
     if rank == 0:
-        print(f"# commlib {collective} benchmark: {size} ranks, dtype {dtype.name}"
+        print(f"# commlib {collective} benchmark: {size} ranks"
+              + ("" if barrier else f", dtype {dtype.name}")
               + (f", op {args.op}" if collective in REDUCING else "")
               + (f", root {ROOT}" if collective in ROOTED else "")
               + f", segment_bytes {pg.segment_bytes}, {args.iters} iterations (+{args.warmup} warm-up), "
               f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
-        print(f"# time: median over iterations of the slowest rank; busbw = algbw x {factor:.3g}; "
-              f"ratio: time / {baseline}'s")
+        if barrier:
+            print(f"# time: median over iterations of the slowest rank; no payload (size, algbw, busbw 0); "
+                  f"#wrong: exits before a peer of the host had entered, in {CHECK_ROUNDS} more calls with one "
+                  f"rank {LATE_SECONDS * 1e3:g} ms late in each; ratio: time / {baseline}'s")
+        else:
+            print(f"# time: median over iterations of the slowest rank; busbw = algbw x {factor:.3g}; "
+                  f"ratio: time / {baseline}'s")
         print(f"# ranks per host: {pg.topology.describe()}")
         print(HEADER, flush=True)
-    nbytes = args.min_bytes
-    while nbytes <= args.max_bytes:
+    rows = []
+    for nbytes in [0] if barrier else _sizes(args.min_bytes, args.max_bytes, args.step_factor):
         setup = Setup(collective, comm, pg, max(1, nbytes // dtype.itemsize), dtype, args.op, args.symmetric)
-        contenders = {} if args.no_baseline else {baseline: setup.baseline}
-        contenders.update({name: functools.partial(setup.ours, name) for name in algorithms})
-        if args.symmetric:
-            contenders.update({f"{name}@sym": functools.partial(setup.ours_symmetric, name) for name in algorithms})
-        timings = time_interleaved(comm, contenders, setup.reset, args.iters, args.warmup)
-        baseline_time = timings.get(baseline)
-        for name, run in contenders.items():
-            setup.reset()  # each contender's result is checked on its own run
-            run()
-            wrong = comm.allreduce(setup.wrong(symmetric=name.endswith("@sym")))
-            seconds = timings[name]
-            algbw = setup.nbytes / seconds / 1e9
-            row = dict(collective=collective, size=setup.nbytes, count=setup.count, dtype=dtype.name,
-                       algorithm=name, time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * factor,
-                       wrong=wrong, ratio=seconds / baseline_time if baseline_time else float("nan"),
-                       ranks=size, segment_bytes=pg.segment_bytes,
-                       hosts=[list(ranks) for ranks in pg.topology.host_ranks])
-            rows.append(row)
-            if rank == 0:
-                print(format_row(row), flush=True)
-        nbytes *= args.step_factor
-    total_wrong = sum(row["wrong"] for row in rows)
+        try:
+            rows.extend(_measure(setup, comm, pg, baseline, algorithms, args, factor))
+        finally:
+            setup.close()
+    checked = [row["wrong"] for row in rows if row["wrong"] is not None]
+    total_wrong = sum(checked)
     if rank == 0:
-        print(f"# out of bounds values: {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
+        verdict = "not checked" if not checked else "OK" if total_wrong == 0 else "FAILED"
+        what = "barrier exits before a peer arrived" if barrier else "out of bounds values"
+        print(f"# {what}: {total_wrong} {verdict}")
         if args.json:
             with open(args.json, "w") as handle:
                 json.dump(rows, handle, indent=1)
     comm.Free()
     return 1 if total_wrong else 0
 
+
+def _sizes(smallest: int, largest: int, factor: int) -> Iterator[int]:
+    nbytes = smallest
+    while nbytes <= largest:
+        yield nbytes
+        nbytes *= factor
+
+
+def _measure(setup: Setup, comm, pg, baseline: str, algorithms, args, factor: float) -> List[dict]:
+    """The rows of one size: the contenders timed in turn, then each checked on one more run."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    contenders = {} if args.no_baseline else {baseline: setup.baseline}
+    contenders.update({name: functools.partial(setup.ours, name) for name in algorithms})
+    if args.symmetric:
+        contenders.update({f"{name}@sym": functools.partial(setup.ours_symmetric, name) for name in algorithms})
+    timings = time_interleaved(comm, contenders, setup.reset, args.iters, args.warmup)
+    baseline_time = timings.get(baseline)
+    rows = []
+    for name, run in contenders.items():
+        # Every contender is checked on its own run; None where a rank had nothing to check on.
+        counts = comm.allgather(setup.check(run, symmetric=name.endswith("@sym")))
+        seconds = timings[name]
+        algbw = setup.nbytes / seconds / 1e9
+        row = dict(collective=setup.collective, size=setup.nbytes, count=setup.count,
+                   dtype=None if setup.collective == "barrier" else setup.dtype.name, algorithm=name,
+                   time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * factor,
+                   wrong=None if None in counts else sum(counts),
+                   ratio=seconds / baseline_time if baseline_time else float("nan"),
+                   ranks=size, segment_bytes=pg.segment_bytes, hosts=[list(ranks) for ranks in pg.topology.host_ranks])
+        rows.append(row)
+        if rank == 0:
+            print(format_row(row), flush=True)
+    return rows
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -54,6 +54,7 @@ BUS_FACTORS = {
     "scatter": lambda p: (p - 1) / p,
     "broadcast": lambda p: 1.0,
     "reduce": lambda p: 1.0,
+    "barrier": lambda p: 0.0,  # no payload: nothing crosses a link but the synchronisation itself
 }
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -84,6 +84,12 @@ class ProgressBoard:
 
     def started(self, seq: int, collective: str) -> None:
         self.mine[0] = (seq << CODE_BITS) | COLLECTIVE_CODES.get(collective, 0)
+
+    def last_started(self) -> Tuple[int, str]:
+        """``(sequence number, collective)`` this rank last started, as its peers read it; ``(0,
+        "nothing yet")`` before the first (tests use it to see which collective a call became)."""
+        value = int(self.mine[0])
+        return value >> CODE_BITS, _NAMES.get(value & ((1 << CODE_BITS) - 1), "nothing yet")
 
     def laggards(self, seq: int, collective: str) -> str:
         """Text naming the peers that have not started collective ``seq`` (or run another one).

@@ -1,7 +1,8 @@
 """``python -m commlib.bench`` at P=2 on tiny sizes: the table parses and nothing is wrong.
 
 Not a timing test: it checks the benchmark runs every algorithm of each collective plus the MPI
-baseline, reports #wrong == 0 per row with nccl-tests' bus factor, and writes the same rows as JSON.
+baseline, reports #wrong == 0 per row with nccl-tests' bus factor, and writes the same rows as JSON;
+and that the barrier's #wrong (no data to compare) does catch a barrier that lets ranks out early.
 """
 
 import json
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from mpirun import ROOT, mpiexec_path
+from mpirun import ROOT, mpiexec_path, run_mpi
 
 ALGORITHMS = ["hierarchical", "native", "rabenseifner", "recursive_doubling", "ring", "shm_oneshot", "shm_twoshot",
               "tree", "auto"]  # the registry's order
@@ -88,6 +89,41 @@ def test_bench_of_every_collective_checks_its_results(tmp_path, collective, fact
         assert row["wrong"] == 0 and row["time_us"] > 0, row
         assert row["busbw"] == pytest.approx(row["algbw"] * factor, abs=2e-3), row
     assert all(row["collective"] == collective for row in json.loads(json_path.read_text()))
+
+
+@pytest.mark.mpi
+def test_bench_barrier_row_times_every_algorithm_after_mpi_barrier(tmp_path):
+    """No payload: one row per contender, size/count/algbw/busbw 0, dtype '-', and the arrival check."""
+    import commlib
+
+    json_path = tmp_path / "rows.json"
+    command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "commlib.bench", "--collective", "barrier",
+               "-n", "5", "-w", "1", "--json", str(json_path)]
+    result = subprocess.run(command, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = parse_table(result.stdout)
+    assert [row["algorithm"] for row in rows] == ["MPI_Barrier"] + commlib.algorithms("barrier") + ["auto"], \
+        result.stdout
+    for row in rows:
+        assert (row["size"], row["count"], row["dtype"], row["algbw"], row["busbw"], row["wrong"]) == \
+            (0, 0, "-", 0.0, 0.0, 0), row
+        assert row["time_us"] > 0, row
+    assert "barrier exits before a peer arrived: 0 OK" in result.stdout
+    assert [(r["algorithm"], r["dtype"], r["wrong"]) for r in json.loads(json_path.read_text())] == \
+        [(r["algorithm"], None, 0) for r in rows]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs,broken", [(2, "no_wait"), (3, "first_round_only")])
+def test_bench_barrier_check_catches_a_barrier_that_lets_ranks_out_early(tmp_path, nprocs, broken):
+    """A barrier that returns at once (P=2), or dissemination's first round alone (enough at P=2, not
+    at P=3): #wrong > 0 and exit status 1; the library's and native on the same run: 0."""
+    json_path = tmp_path / "rows.json"
+    result = run_mpi("bench_broken_barrier.py", nprocs, broken, str(json_path), timeout=120, check=False)
+    assert result.returncode == 1, result.stdout
+    wrong = {row["algorithm"]: row["wrong"] for row in json.loads(json_path.read_text())}
+    assert wrong["MPI_Barrier"] == 0 and wrong["native"] == 0 and wrong[broken] > 0, result.stdout
+    assert "barrier exits before a peer arrived" in result.stdout and "FAILED" in result.stdout
 
 
 def test_bench_rejects_bad_arguments():

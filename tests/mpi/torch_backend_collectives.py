@@ -5,6 +5,8 @@
 Rank r contributes values derived from r, so every expected result is a formula. Each
 collective runs sync and with async_op=True; allreduce over every dtype x op the backend
 accepts, bitwise ops on integers, non-contiguous and empty tensors, subgroups, and the errors.
+gather and scatter also against gloo in the same job, bit for bit, and each must be one commlib
+gather / scatter (not a collective moving P times the bytes).
 """
 
 import sys
@@ -18,6 +20,7 @@ import torch.distributed as dist
 
 import autograd_bridge
 import commlib
+from gloo_compare import make, same_bits
 from verdict import Checker
 
 torch.set_num_threads(1)
@@ -145,16 +148,6 @@ def check_others(checker, rank, size):
         checker.equal(out.numpy(), np.full(2, float(sum(r * 100 + rank for r in range(size)))),
                       f"reduce_scatter list async_op={async_op}")
         run_async(async_op, lambda a: dist.barrier(async_op=a))
-    for root in range(size):
-        gathered = [torch.full((2,), -1.0) for _ in range(size)] if rank == root else None
-        dist.gather(torch.full((2,), rank * 3.0), gathered, dst=root)
-        if rank == root:
-            checker.equal(torch.stack(gathered).numpy(), np.repeat(np.arange(size) * 3.0, 2).reshape(size, 2),
-                          f"gather to {root}")
-        out = torch.zeros(3, dtype=torch.int64)
-        parts = [torch.full((3,), 100 * root + r, dtype=torch.int64) for r in range(size)] if rank == root else None
-        dist.scatter(out, parts, src=root)
-        checker.equal(out.numpy(), np.full(3, 100 * root + rank), f"scatter from {root}")
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank, "text": "x" * rank})
     checker.check(objects == [{"rank": r, "text": "x" * r} for r in range(size)], f"all_gather_object gave {objects}")
@@ -162,6 +155,114 @@ def check_others(checker, rank, size):
     dist.broadcast_object_list(box, src=size - 1)
     checker.check(box == [{"from": size - 1}], f"broadcast_object_list gave {box}")
     checker.check(True, "barrier returned")
+
+
+# gather / scatter against gloo: every dtype the backend takes (gloo has no complex: those only
+# against the senders' tensors), an odd size, a transposed (non-contiguous) 5x3 view, empty.
+GATHER_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                 torch.int8, torch.uint8, torch.bool, torch.complex64)
+LAYOUTS = {"odd 7": ((7,), False), "transposed 5x3": ((3, 5), True), "empty": ((0,), False)}
+
+
+def laid_out(layout, dtype, seed):
+    shape, transposed = LAYOUTS[layout]
+    tensor = make(shape, dtype, seed)
+    return tensor.t() if transposed else tensor
+
+
+def blank(layout, dtype):
+    shape, transposed = LAYOUTS[layout]
+    tensor = torch.zeros(shape, dtype=dtype)
+    return tensor.t() if transposed else tensor
+
+
+def check_gather_scatter(checker, gloo, rank, size):
+    """dist.gather / dist.scatter, sync and async, to and from every root: gloo's bits, the senders'
+    tensors, gloo's future values; and each call is one commlib gather / scatter (the progress
+    board holds the collective a call started: the old route was an allgather / a broadcast)."""
+    ours = autograd_bridge.commlib_group_of()
+
+    def run(group, collective, async_op, call):
+        before = ours.seq
+        work = call()
+        value = None
+        if async_op:
+            work.wait()
+            value = work.get_future().value()
+        if group is None:  # the route: one collective number, and it was `collective`
+            checker.check(ours.seq == before + 1, f"{collective}: {ours.seq - before} commlib collectives, expected 1")
+            if ours.progress is not None:  # None at P=1 (no peer ever reads it)
+                checker.check(ours.progress.last_started() == (before + 1, collective),
+                              lambda: f"{collective}: commlib started {ours.progress.last_started()}, "
+                                      f"expected ({before + 1}, {collective!r})")
+        return value
+
+    def gather(group, root, dtype, layout, async_op):
+        outs = [blank(layout, dtype) for _ in range(size)] if rank == root else None
+        inp = laid_out(layout, dtype, 1000 * root + rank)
+        value = run(group, "gather", async_op,
+                    lambda: dist.gather(inp, outs, dst=root, group=group, async_op=async_op))
+        return outs or [], value
+
+    def scatter(group, root, dtype, layout, async_op):
+        out = blank(layout, dtype)
+        parts = [laid_out(layout, dtype, 5000 + 1000 * root + r) for r in range(size)] if rank == root else None
+        value = run(group, "scatter", async_op,
+                    lambda: dist.scatter(out, parts, src=root, group=group, async_op=async_op))
+        return out, value
+
+    cases = [(root, dtype, layout, async_op) for root in range(size) for dtype in GATHER_DTYPES
+             for layout in LAYOUTS for async_op in (False, True)]
+    for case in cases:
+        root, dtype, layout, async_op = case
+        what = f"{dtype} {layout} root {root} async_op={async_op}"
+        with_gloo = not dtype.is_complex
+        gathered, value = gather(None, *case)
+        theirs, their_value = gather(gloo, *case) if with_gloo else (None, None)
+        checker.check(len(gathered) == (size if rank == root else 0), f"gather {what}: {len(gathered)} outputs")
+        for sender, got in enumerate(gathered):
+            same_bits(checker, got, laid_out(layout, dtype, 1000 * root + sender),
+                      f"gather {what}: rank {sender}'s tensor")
+            if with_gloo:
+                same_bits(checker, got, theirs[sender], f"gather {what}: from rank {sender}")
+        if async_op:  # like gloo's: the gather list on the root, nothing elsewhere
+            checker.check(len(value) == len(gathered) and all(v.data_ptr() == g.data_ptr()
+                                                              for v, g in zip(value, gathered)),
+                          f"gather {what}: future value {value!r} is not the gather list")
+            if with_gloo:
+                checker.check(len(value) == len(their_value),
+                              f"gather {what}: future value of {len(value)}, gloo's of {len(their_value)}")
+        out, value = scatter(None, *case)
+        their_out, their_value = scatter(gloo, *case) if with_gloo else (None, None)
+        same_bits(checker, out, laid_out(layout, dtype, 5000 + 1000 * root + rank), f"scatter {what}: vs the root's")
+        if with_gloo:
+            same_bits(checker, out, their_out, f"scatter {what}")
+        if async_op:
+            # (torch views a complex tensor as real before it reaches a backend: compare memory)
+            checker.check(len(value) == 1 and value[0].data_ptr() == out.data_ptr(),
+                          f"scatter {what}: future value {value!r}")
+            if with_gloo:
+                checker.check(len(their_value) == 1, f"scatter {what}: gloo's future value {their_value!r}")
+    # Bad lists raise on the root before anything is sent (so only the root calls; no number taken).
+    pg = dist.distributed_c10d._get_default_group()
+    gather_opts, scatter_opts = dist.GatherOptions(), dist.ScatterOptions()
+    gather_opts.rootRank = scatter_opts.rootRank = rank
+    before = ours.seq
+    checker.raises(commlib.InvalidUsageError, lambda: pg.gather([[torch.zeros(2)] * (size + 1)], [torch.zeros(2)],
+                                                                gather_opts),
+                   "gather with a list of world size + 1", match=f"has {size + 1} tensors; expected world size {size}")
+    checker.raises(commlib.InvalidUsageError, lambda: pg.scatter([torch.zeros(2)], [[torch.zeros(3)] * size],
+                                                                 scatter_opts),
+                   "scatter with parts of another shape", match="scatter_list[0] is torch.float32 (3,); expected")
+    checker.check(ours.seq == before, f"the refused gather/scatter took {ours.seq - before} collective numbers")
+    objects = [None] * size if rank == size - 1 else None
+    dist.gather_object({"rank": rank, "text": "y" * (3 * rank)}, objects, dst=size - 1)
+    if rank == size - 1:
+        checker.check(objects == [{"rank": r, "text": "y" * (3 * r)} for r in range(size)],
+                      f"gather_object gave {objects}")
+    received = [None]
+    dist.scatter_object_list(received, [{"to": r, "pad": "z" * r} for r in range(size)] if rank == 0 else None, src=0)
+    checker.check(received == [{"to": rank, "pad": "z" * rank}], f"scatter_object_list gave {received}")
 
 
 def check_subgroup_and_errors(checker, rank, size):
@@ -221,6 +322,7 @@ def main():
     checker.check((dist.get_rank(), dist.get_world_size()) == (rank, size), "rank/world size differ from MPI's")
     check_allreduce(checker, rank, size)
     check_others(checker, rank, size)
+    check_gather_scatter(checker, dist.new_group(backend="gloo"), rank, size)
     check_subgroup_and_errors(checker, rank, size)
     if size > 1:
         check_async_failure(checker, rank, size)

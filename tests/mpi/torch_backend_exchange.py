@@ -24,35 +24,12 @@ import torch.distributed as dist
 import autograd_bridge
 import commlib
 from autograd_bridge import functional as F
+from gloo_compare import make, on_both, same_bits
 from verdict import Checker
 
 torch.set_num_threads(1)
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.uint8,
           torch.bool, torch.complex64)
-
-
-def make(shape, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if dtype.is_complex:
-        return torch.randn(shape, generator=g, dtype=dtype)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(0, 100, shape, generator=g).to(dtype)
-
-
-def same_bits(checker, ours, theirs, what):
-    ok = ours.shape == theirs.shape and ours.dtype == theirs.dtype and torch.equal(
-        ours.reshape(-1).view(torch.uint8) if ours.numel() else ours,
-        theirs.reshape(-1).view(torch.uint8) if theirs.numel() else theirs)
-    checker.check(ok, lambda: f"{what}: commlib {ours.reshape(-1)[:6].tolist()} "
-                              f"vs gloo {theirs.reshape(-1)[:6].tolist()}")
-
-
-def on_both(gloo, fn):
-    """Run ``fn(group)`` on the commlib (default) group and on gloo; return both results."""
-    return fn(None), fn(gloo)
 
 
 def check_send_recv(checker, gloo, rank, size):
