@@ -93,11 +93,11 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
         self._shm_inline_bytes: float = -1
         if self._shm is not None and not config.algorithm_override and self._small_fast_path_ok:
             # Small messages on one host: counters in shared memory, no MPI call (see
-            # _shm_allreduce_inline); the MPI fast path is left for what "auto" still sends to MPI.
+            # _shm_allreduce_run); the MPI fast path is left for what "auto" still sends to MPI.
             self._shm_inline_bytes = min(shared_memory_inline_bytes(self.size), self._shm.layout.slot_bytes)
             self._auto_native_bytes = -1
             self._shm.inline_timeout = self.timeout
-            self._shm_allreduce_runner = self.executor.inline_runner(self._shm_allreduce_now)
+            self._shm_allreduce_runner = self.executor.inline_runner(self._shm_allreduce_run())
         self._cost_model = None
         if self.topology.spans_hosts:  # across hosts "auto" has its own table, or a fitted model
             self._cost_model = load_cost_model(config.cost_model)
@@ -117,7 +117,8 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
     # -- the collectives -----------------------------------------------------------------------
     def allreduce(self, buf, op=_SUM, *, algorithm: str = "auto", async_op: bool = False):
         if (buf.__class__ is np.ndarray and buf.nbytes <= self._shm_inline_bytes and not async_op
-                and (algorithm == "auto" or algorithm == "shm_oneshot") and self._shm_allreduce_inline(buf, op)):
+                and (algorithm == "auto" or algorithm == "shm_oneshot")
+                and self._shm_allreduce_runner(self._shm_inline_bytes, buf, op)):
             return None
         if not async_op and self._allreduce_inline(self._allreduce_inline_bytes.get(algorithm, -1), buf, op):
             return None

@@ -32,8 +32,7 @@ class SharedMemoryMethods:
     executor: CommExecutor
     host_memory: Optional[HostMemory]
     _shm: Optional[SharedMemoryTransport]
-    _shm_allreduce_runner: Callable[..., bool]  # executor.inline_runner(_shm_allreduce_now), set by the group
-    _shm_inline_bytes: float
+    _shm_allreduce_runner: Callable[..., bool]  # executor.inline_runner(_shm_allreduce_run()), set by the group
     _progress_slot: Optional[memoryview]
 
     def alloc(self, shape, dtype=np.float32) -> np.ndarray:
@@ -79,39 +78,38 @@ class SharedMemoryMethods:
         raise InvalidUsageError(f"allreduce: algorithm {name!r} reads the peers' memory directly, "
                                 f"so only within one host: {why}")
 
-    def _shm_allreduce_inline(self, buf, op) -> bool:
-        """``shm_oneshot`` right here, if nothing else is in line; False: take the general path.
+    def _shm_allreduce_run(self):
+        """``run(seq, limit, buf, op)``: ``shm_oneshot`` of ``buf`` right here, as collective ``seq``,
+        for the executor's inline runner (``_shm_allreduce_runner``); False: take the general path.
 
         Like the MPI fast path (:mod:`commlib.group_inline`): no thread hop, no Work; anything
-        unusual (AVG of integers, an unsupported dtype, a read-only buffer, a busy line) falls
-        through to the general path, which validates and explains. The budget is about a microsecond.
+        unusual (AVG of integers, an unsupported dtype, a read-only buffer) falls through to the
+        general path, which validates and explains. ``allreduce`` checked the class, the size
+        limit and the algorithm. The budget is about a microsecond: one closure over what it
+        touches, the checks inside it (every Python call costs a tenth of the budget).
         """
         shm = self._shm
-        assert shm is not None  # the caller's guard: _shm_inline_bytes is -1 without it
-        last = shm._last_round  # (count, dtype, op, round): the same kind of call was validated before
-        if last is not None and last[0] == buf.size and last[1] is buf.dtype and last[2] is op:
-            round_ = last[3]
-        else:
-            if op.__class__ is not ReduceOp:
-                return False
-            is_float = DTYPE_IS_FLOAT.get(buf.dtype)
-            if is_float is None or (op is _AVG and not is_float):
-                return False
-            round_ = shm.slot_round(buf.dtype, op, buf.size)
-        flags = buf.flags
-        if not (flags.c_contiguous and flags.writeable):
-            return False
-        return self._shm_allreduce_runner(self._shm_inline_bytes, buf, round_)
+        assert shm is not None  # built only with shared memory (see ProcessGroup.__init__)
+        progress_slot = self._progress_slot if self._progress_slot is not None else [0]
 
-    def _shm_allreduce_now(self, seq: int, _limit, buf, round_, _unused=None) -> bool:
-        """The executor's inline runner calls this (``_shm_allreduce_runner``), numbered ``seq``
-        (the size limit was checked by allreduce, before the validated-round test above)."""
-        progress_slot = self._progress_slot
-        if progress_slot is not None:
+        def run(seq: int, _limit, buf, op, _unused=None) -> bool:
+            last = shm._last_round  # (count, dtype, op, round): the same kind of call was validated before
+            if last is not None and last[0] == buf.size and last[1] is buf.dtype and last[2] is op:
+                round_ = last[3]
+            else:
+                if op.__class__ is not ReduceOp:
+                    return False
+                is_float = DTYPE_IS_FLOAT.get(buf.dtype)
+                if is_float is None or (op is _AVG and not is_float):
+                    return False
+                round_ = shm.slot_round(buf.dtype, op, buf.size)
+            flags = buf.flags
+            if not (flags.c_contiguous and flags.writeable):
+                return False
             progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
-        shm = self._shm
-        assert shm is not None  # the fast path is only taken with shared memory (see allreduce)
-        shm.inline_seq = seq  # the context, should it be needed (see SharedMemoryTransport)
-        shm.inline_nbytes = buf.nbytes
-        round_(buf if buf.ndim == 1 else buf.reshape(-1), buf.nbytes)
-        return True
+            shm.inline_seq = seq  # the context, should it be needed (see SharedMemoryTransport)
+            shm.inline_nbytes = nbytes = buf.nbytes
+            round_(buf if buf.ndim == 1 else buf.reshape(-1), nbytes)
+            return True
+
+        return run

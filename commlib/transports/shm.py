@@ -168,7 +168,7 @@ class SharedMemoryTransport(Transport):
         self._area_arrays = [(offset, own[offset:offset + nbytes]) for offset, nbytes in self._areas]
         self._epoch = 0
         self._last_round: Optional[tuple] = None  # (count, dtype, op, the compiled round)
-        # A small allreduce issued inline (ProcessGroup._shm_allreduce_inline) records only its
+        # A small allreduce issued inline (ProcessGroup._shm_allreduce_run) records only its
         # sequence number and size here; self.context is filled from them if it ever needs to
         # wait long or fails (_current_context): ~0.2 us less per call.
         self.inline_seq, self.inline_nbytes, self.inline_timeout = 0, 0, float("inf")
@@ -247,9 +247,10 @@ class SharedMemoryTransport(Transport):
                 if control[signal + 1] != signature:
                     transport._mismatch(peer, control[signal + 1] & _TOTAL_MASK, control[signal + 1] >> 44,
                                         total_bytes, kind >> 44)
-            combine(first[parity], second[parity], out=piece)
+            # ``out`` positional: the keyword costs a ufunc 120 ns more (a tenth of the budget)
+            combine(first[parity], second[parity], piece)
             for contribution in rest[parity]:
-                combine(piece, contribution, out=piece)
+                combine(piece, contribution, piece)
             own[DONE] = epoch
             if average:
                 piece /= size
