@@ -36,7 +36,7 @@ from mpi4py import MPI
 from ..machine import oversubscribed
 from ..ops import DTYPE_IS_FLOAT, ReduceOp
 from ..progress_board import CODE_BITS, COLLECTIVE_CODES
-from .mpi_natives import as_bytes, reduce_scatter_specs, reduction
+from .mpi_natives import as_bytes
 from .mpi_types import MPI_PREDEFINED as PLAIN  # dtypes whose arrays export a plain buffer
 
 __all__ = ["make_inline_native", "INLINE_POLLS"]
@@ -50,9 +50,12 @@ BYTE = MPI.BYTE
 IN_PLACE = MPI.IN_PLACE
 NDARRAY = np.ndarray
 _SUM, _MIN, _MAX = ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX
-# The ops whose reduction needs nothing after it (AVG divides), by name; members are matched by
-# identity, since hashing an Enum member runs Python code (0.3 us).
-_OP_NAMES = {"sum": _SUM, "min": _MIN, "max": _MAX, "SUM": _SUM, "MIN": _MIN, "MAX": _MAX}
+MPI_SUM, MPI_MIN, MPI_MAX = MPI.SUM, MPI.MIN, MPI.MAX
+# The reductions taken here are the library's predefined ops on its predefined datatypes, with
+# nothing after them (AVG divides; bfloat16 needs a user op: both take the general path).
+# ReduceOp members are matched by identity, since hashing an Enum member runs Python code
+# (0.3 us); names through this table.
+_MPI_OPS_BY_NAME = {"sum": MPI_SUM, "min": MPI_MIN, "max": MPI_MAX, "SUM": MPI_SUM, "MIN": MPI_MIN, "MAX": MPI_MAX}
 
 
 def make_inline_native(transport, collective: str, timeout: float):
@@ -98,11 +101,13 @@ def _allreduce(transport, comm, slot, started, finish, polls):
         flags = buf.flags
         if not (flags.c_contiguous and flags.writeable):
             return False
-        spec, mpi_op = _reduction(buf, op)
-        if spec is None:
+        mpi_op = (MPI_SUM if op is _SUM else MPI_MAX if op is _MAX else MPI_MIN if op is _MIN
+                  else _MPI_OPS_BY_NAME.get(op) if op.__class__ is str else None)
+        datatype = PLAIN.get(buf.dtype)
+        if mpi_op is None or datatype is None:
             return False
         slot[0] = (seq << CODE_BITS) | started
-        request = comm.Iallreduce(IN_PLACE, spec, mpi_op)
+        request = comm.Iallreduce(IN_PLACE, [buf, buf.size, datatype], mpi_op)
         test = request.Test
         for _ in polls:
             if test():
@@ -147,9 +152,12 @@ def _reduce(transport, comm, slot, started, finish, polls):
         if (not (flags.c_contiguous and flags.writeable) or root.__class__ is not int
                 or not 0 <= root < size):
             return False
-        spec, mpi_op = _reduction(buf, op)
-        if spec is None:
+        mpi_op = (MPI_SUM if op is _SUM else MPI_MAX if op is _MAX else MPI_MIN if op is _MIN
+                  else _MPI_OPS_BY_NAME.get(op) if op.__class__ is str else None)
+        datatype = PLAIN.get(buf.dtype)
+        if mpi_op is None or datatype is None:
             return False
+        spec = [buf, buf.size, datatype]
         slot[0] = (seq << CODE_BITS) | started
         if root == rank:
             request = comm.Ireduce(IN_PLACE, spec, mpi_op, root)
@@ -192,11 +200,15 @@ def _reduce_scatter(transport, comm, slot, started, finish, polls):
     def reduce_scatter(seq, limit, out, inp, op):
         if inp.__class__ is not NDARRAY or inp.nbytes > limit:
             return False
-        op = _inline_op(op)
-        if not _plain_pair(out, inp) or inp.size != size * out.size or op is None:
+        mpi_op = (MPI_SUM if op is _SUM else MPI_MAX if op is _MAX else MPI_MIN if op is _MIN
+                  else _MPI_OPS_BY_NAME.get(op) if op.__class__ is str else None)
+        datatype = PLAIN.get(out.dtype)
+        if mpi_op is None or datatype is None or not _plain_pair(out, inp) or inp.size != size * out.size:
             return False
         slot[0] = (seq << CODE_BITS) | started
-        request = comm.Ireduce_scatter_block(*reduce_scatter_specs(out, inp, op))
+        # mpi4py's send spec for reduce_scatter_block counts one block, not the whole input.
+        count = out.size
+        request = comm.Ireduce_scatter_block([inp, count, datatype], [out, count, datatype], mpi_op)
         test = request.Test
         for _ in polls:
             if test():
@@ -302,25 +314,6 @@ def _barrier(transport, comm, slot, started, finish, polls):
         return True
 
     return barrier
-
-
-def _reduction(buf, op):
-    """(buffer spec, MPI op) for reducing ``buf`` with ``op`` as the fast path does, or (None, None)
-    when it does not take the pair (AVG divides afterwards; unsupported dtype)."""
-    op = _inline_op(op)
-    datatype = PLAIN.get(buf.dtype)
-    if op is None or (datatype is None and buf.dtype not in DTYPE_IS_FLOAT):
-        return None, None
-    if datatype is None:  # bfloat16: a user op over bytes
-        return reduction(buf, op)
-    return [buf, buf.size, datatype], (MPI.SUM if op is _SUM else MPI.MAX if op is _MAX else MPI.MIN)
-
-
-def _inline_op(op):
-    """The ReduceOp for ``op`` if the fast path takes it, else None."""
-    if op is _SUM or op is _MAX or op is _MIN:
-        return op
-    return _OP_NAMES.get(op) if op.__class__ is str else None
 
 
 def _plain_pair(out, inp) -> bool:
