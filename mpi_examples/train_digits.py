@@ -1,10 +1,10 @@
 # mpiexec -n 2 python mpi_examples/train_digits.py [--sync ddp|powersgd|localsgd|partial] [--epochs 10] [--trace t.json]
 """Train a small CNN on scikit-learn's 8x8 handwritten digits with our DDP, data sharded by rank.
 
-Prints accuracy, time and bytes sent per step, allreduce time hidden behind backward. ``--sync``:
-plain DDP, PowerSGD (``--rank``), local SGD (average every ``--period`` steps) or partial sync (1/period
-of the model each step), after ``--start`` steps of DDP (default one epoch). ``--trace``: every rank's
-timeline (``python -m ddp.timeline``); ``--checkpoint``/``--resume``: a stopped run goes on exactly.
+Prints accuracy, time and bytes sent per step, allreduce time hidden behind backward. ``--sync``: plain DDP, PowerSGD
+(``--rank`` 4: torch's PowerSGDState rule, ranks 1, 2, 4, ... until accurate), local SGD (average every ``--period``
+steps) or partial sync (1/period of the model each step), after ``--start`` steps of DDP (default one epoch).
+``--trace``: every rank's timeline (``python -m ddp.timeline``); ``--checkpoint``/``--resume``: resumes bit for bit.
 """
 
 import argparse
@@ -30,8 +30,9 @@ from ddp.tracing import NullTracer, Tracer
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag, default in (("--epochs", 10), ("--batch-size", 32), ("--seed", 0), ("--rank", 2), ("--period", 8)):
+    for flag, default in (("--epochs", 10), ("--batch-size", 32), ("--seed", 0), ("--period", 8)):
         p.add_argument(flag, type=int, default=default)  # batch size: per rank
+    p.add_argument("--rank", type=int, default=4, help="PowerSGD; 4 by torch's rule: 1, 2, 4.. until accurate (README)")
     p.add_argument("--sync", default="ddp", choices=["ddp", "powersgd", "localsgd", "partial"])
     p.add_argument("--start", type=int, help="steps of plain DDP before --sync takes over (default: one epoch)")
     p.add_argument("--algorithm", default="auto", help=f"allreduce: auto or one of {commlib.algorithms()}")
@@ -114,8 +115,7 @@ def main(argv=None):
                 loss.backward()
             with tracer.region("optimizer"):
                 optimizer.step()
-            stats = model.last_step_stats()
-            sent += stats["bytes_sent"]
+            sent += (stats := model.last_step_stats())["bytes_sent"]
             per_step.append((time.perf_counter() - step_start, stats["comm_s"], stats["overlapped_comm_s"]))
             loss_sum, step, seen = loss_sum + loss.detach(), step + 1, seen + len(batch) * pg.size
             bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{seen / (time.perf_counter() - start):.0f}")

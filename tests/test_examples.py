@@ -94,7 +94,7 @@ def test_train_digits_resume_gives_the_same_model(tmp_path, sync):
 
 @pytest.mark.mpi
 def test_train_digits_sync_methods_reach_ddp_accuracy():
-    """Issue 11's convergence criterion at P=2: after the default 10 epochs, PowerSGD (rank 2),
+    """Issue 11's convergence criterion at P=2: after the default 10 epochs, PowerSGD (rank 4),
     local SGD and partial synchronisation (H=8) are within 1.5 points of DDP's test accuracy,
     sending fewer bytes per step (the run is deterministic: same data, seeds and reductions)."""
     results = {}
