@@ -9,7 +9,10 @@ by side in one run (the comparison that matters on a slow link, e.g. hosts of
 * ``localsgd``: post-local SGD (purely local steps) + ``PeriodicModelAverager(--period)``;
 * ``partial`` / ``partial_rr``: the same with ``PartialModelAverager`` (balanced / round-robin plan);
 * ``hierarchical``: ``HierarchicalModelAverager`` averaging within hosts every 2 steps and over
-  everyone every ``--period`` (local steps).
+  everyone every ``--period`` (local steps);
+* ``local``: purely local steps, never averaged: not a method but the floor under every one of
+  them (compute and the optimizer alone), so a target ratio below ``local``'s is out of reach on
+  that machine whatever the link.
 
 Each configuration runs in blocks of ``--steps`` consecutive steps (a multiple of the period, so
 local SGD's time is amortised over whole periods), built fresh for each block (a few untimed
@@ -45,7 +48,7 @@ from .optim import PostLocalSGDOptimizer
 
 __all__ = ["main", "METHODS"]
 
-METHODS = ("ddp", "powersgd", "localsgd", "partial", "partial_rr", "hierarchical")
+METHODS = ("ddp", "powersgd", "localsgd", "partial", "partial_rr", "hierarchical", "local")
 START = 1  # PowerSGD and local steps from the second step (the first one rebuilds DDP's buckets)
 
 
@@ -62,6 +65,8 @@ def build(method, base, args, group):
         return model, optimizer, None
     model.register_comm_hook(PostLocalSGDState(None, None, START, post_local_gradient_allreduce=False),
                              post_localSGD_hook)
+    if method == "local":
+        return model, optimizer, None
     averager: ModelAverager
     if method == "localsgd":
         averager = PeriodicModelAverager(args.period, warmup_steps=START)

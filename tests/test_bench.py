@@ -154,6 +154,26 @@ def test_ddp_bench_runs_every_configuration_and_writes_its_rows(tmp_path):
 
 
 @pytest.mark.mpi
+def test_ddp_bench_sync_rows_count_the_bytes_of_each_method(tmp_path):
+    """``python -m ddp.bench --sync`` at P=2, one tiny block each: a row per method, and the bytes
+    per step say what each sends (not a timing test): ``local`` never averages (the floor row)."""
+    json_path = tmp_path / "sync.json"
+    methods = ["ddp", "powersgd", "localsgd", "partial", "local"]
+    command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "ddp.bench", "--sync", *methods,
+               "--model", "transformer", "--batch", "1", "--period", "2", "--steps", "2", "--warmup", "1",
+               "--rounds", "1", "--json", str(json_path)]
+    result = subprocess.run(command, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {row["sync"]: row for row in json.loads(json_path.read_text())}
+    assert list(rows) == methods, rows
+    assert all(row["ms_per_step"] > 0 for row in rows.values()), rows
+    assert rows["local"]["mb_per_step"] == 0, rows["local"]
+    assert 0 < rows["powersgd"]["mb_per_step"] < rows["ddp"]["mb_per_step"] / 10, rows
+    # H=2: one average of the parameters (the gradients' size) every 2 steps
+    assert rows["localsgd"]["mb_per_step"] == pytest.approx(rows["ddp"]["mb_per_step"] / 2, rel=0.01), rows
+
+
+@pytest.mark.mpi
 def test_torch_backend_bench_compares_commlib_and_gloo(tmp_path):
     json_path = tmp_path / "bridge.json"
     command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "autograd_bridge.bench", "--samples", "3",
