@@ -12,9 +12,9 @@ False, and the general path validates and explains. The executor calls it under 
 
 A small collective between ranks of one host takes one or two microseconds, and every Python
 call on this path costs a tenth of that, so each function is written out for its collective,
-checks included (measured at two ranks, 8-byte broadcast: checks in a group method of their own,
-then a generic executor call, then this function: 2.10 us; the checks here, under the lock:
-1.87 us; ``MPI_Bcast`` 1.3 us). Only a collective still running after ``INLINE_POLLS`` polls
+checks included (measured at two ranks, 8-byte broadcast, interleaved in one job: checks in a
+group method of their own, then a generic executor call, then this function: 2.04-2.15 us; the
+checks here, under the lock: 1.92 us; ``MPI_Bcast`` 1.29 us). Only a collective still running after ``INLINE_POLLS`` polls
 pays for the general machinery: its context is set (the deadline counts from there,
 microseconds late) and it waits as the general path does, yielding the core, giving up on a
 peer that exited, timing out with the same errors.
