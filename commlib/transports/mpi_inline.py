@@ -14,10 +14,10 @@ A small collective between ranks of one host takes one or two microseconds, and 
 call on this path costs a tenth of that, so each function is written out for its collective,
 checks included (measured at two ranks, 8-byte broadcast, interleaved in one job: checks in a
 group method of their own, then a generic executor call, then this function: 2.04-2.15 us; the
-checks here, under the lock: 1.92 us; ``MPI_Bcast`` 1.29 us). Only a collective still running after ``INLINE_POLLS`` polls
-pays for the general machinery: its context is set (the deadline counts from there,
-microseconds late) and it waits as the general path does, yielding the core, giving up on a
-peer that exited, timing out with the same errors.
+checks here, under the lock: 1.92 us; ``MPI_Bcast`` 1.29 us). Only a collective still running
+after ``INLINE_POLLS`` polls pays for the general machinery: its context is set (the deadline
+counts from there, microseconds late) and it waits as the general path does, yielding the
+core, giving up on a peer that exited, timing out with the same errors.
 
 The polls do not yield: at two ranks on two cores a ``sched_yield`` in the first microseconds
 cost 0.2 us. Where the job's ranks outnumber the machine's cores (:mod:`commlib.machine`) there
