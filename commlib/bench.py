@@ -366,5 +366,6 @@ def _measure(setup: Setup, comm, pg, baseline: str, algorithms, args, factor: fl
             print(format_row(row), flush=True)
     return rows
 
+
 if __name__ == "__main__":
     sys.exit(main())
