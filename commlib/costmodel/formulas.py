@@ -88,6 +88,11 @@ def _fold(p: int):
     return power, p - power
 
 
+def _fold_steps(links: Links, n: float, crosses: bool, flows: int = 1) -> Breakdown:
+    """Folding the ``P - 2^k`` extra ranks in and out: two steps of ``n``, one reduction of ``n``."""
+    return step(links, n, crosses, flows).scaled(2) + Breakdown(reduce=n * links.gamma)
+
+
 def ring(links: Links, n: float, hosts: int, per_host: int) -> Breakdown:
     """``2(P-1)`` steps of ``n/P``; with several hosts each step has one crossing per host boundary."""
     p = hosts * per_host
@@ -112,7 +117,7 @@ def recursive_doubling(links: Links, n: float, hosts: int, per_host: int) -> Bre
     power, remainder = _fold(p)
     total = ZERO
     if remainder:
-        total += step(links, n, hosts > 1 and per_host == 1).scaled(2) + Breakdown(reduce=n * links.gamma)
+        total += _fold_steps(links, n, hosts > 1 and per_host == 1)
     distance = 1
     while distance < power:
         crosses = hosts > 1 and _crosses(distance, per_host)
@@ -130,7 +135,7 @@ def rabenseifner(links: Links, n: float, hosts: int, per_host: int) -> Breakdown
     power, remainder = _fold(p)
     total = ZERO
     if remainder:
-        total += step(links, n, hosts > 1 and per_host == 1).scaled(2) + Breakdown(reduce=n * links.gamma)
+        total += _fold_steps(links, n, hosts > 1 and per_host == 1)
     distance, m = power // 2, n / 2
     while distance >= 1:
         crosses = hosts > 1 and _crosses(distance, per_host)
@@ -192,7 +197,7 @@ def _among_hosts(links: Links, name: str, n: float, hosts: int, flows: int) -> B
         return (step(links, m, True, flows)).scaled(2 * (hosts - 1)) + Breakdown(reduce=(hosts - 1) * m * links.gamma)
     power, remainder = _fold(hosts)  # rabenseifner
     if remainder:
-        total += step(links, n, True, flows).scaled(2) + Breakdown(reduce=n * links.gamma)
+        total += _fold_steps(links, n, True, flows)
     m = n / 2
     for _ in range(int(math.log2(power))):
         total += step(links, m, True, flows).scaled(2) + Breakdown(reduce=m * links.gamma)
