@@ -45,6 +45,21 @@ __all__ = ["ProcessGroup"]
 
 _SUM = ReduceOp.SUM
 _AVG = ReduceOp.AVG
+_NDARRAY = np.ndarray  # one global lookup, not a global and a module attribute (the fast path's)
+
+
+def _allreduce_task(fn, flat, combine, segment_bytes: int, size: int, shared, *, divide: bool):
+    """``run(transport)`` for ``_issue``: allreduce ``flat`` with algorithm ``fn`` (against the
+    shared-memory transport ``shared`` when it needs one), then divide by ``size`` for an AVG the
+    algorithm summed. Not a closure in ``allreduce``: see :func:`commlib.collectives.algorithm_task`.
+    """
+    def run(transport):
+        if size > 1:
+            fn(shared or transport, flat, combine, segment_bytes=segment_bytes)
+        if divide:
+            flat[...] /= size  # in place: flat is a view of buf
+
+    return run
 
 
 class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
@@ -71,7 +86,6 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
         self.transport.topology = self.topology
         self.progress = ProgressBoard(comm, self.topology) if self.size > 1 else None
         self.transport.progress_board = self.progress
-        self._progress_slot = self.progress.mine_slot if self.progress is not None else None
         # This group's shared memory on its host (symmetric buffers; shm_* algorithms when the
         # whole group is on one host). See commlib/host_memory.py.
         self.host_memory = open_host_memory(comm, config, p2p=self.transport,
@@ -92,12 +106,12 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
         self._auto_native_bytes = native_threshold(self.size, config.algorithm_override)
         self._shm_inline_bytes: float = -1
         if self._shm is not None and not config.algorithm_override and self._small_fast_path_ok:
-            # Small messages on one host: counters in shared memory, no MPI call (see
-            # _shm_allreduce_run); the MPI fast path is left for what "auto" still sends to MPI.
+            # Small messages on one host: counters in shared memory, no MPI call (the transport's
+            # slot_round); the MPI fast path is left for what "auto" still sends to MPI.
             self._shm_inline_bytes = min(shared_memory_inline_bytes(self.size), self._shm.layout.slot_bytes)
             self._auto_native_bytes = -1
             self._shm.inline_timeout = self.timeout
-            self._shm_allreduce_runner = self.executor.inline_runner(self._shm_allreduce_run())
+            self._shm_allreduce_runner = self.executor.inline_runner(self._shm.slot_round)
         self._cost_model = None
         if self.topology.spans_hosts:  # across hosts "auto" has its own table, or a fitted model
             self._cost_model = load_cost_model(config.cost_model)
@@ -116,7 +130,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
 
     # -- the collectives -----------------------------------------------------------------------
     def allreduce(self, buf, op=_SUM, *, algorithm: str = "auto", async_op: bool = False):
-        if (buf.__class__ is np.ndarray and buf.nbytes <= self._shm_inline_bytes and not async_op
+        if (buf.__class__ is _NDARRAY and buf.nbytes <= self._shm_inline_bytes and not async_op
                 and (algorithm == "auto" or algorithm == "shm_oneshot")
                 and self._shm_allreduce_runner(self._shm_inline_bytes, buf, op)):
             return None
@@ -134,17 +148,12 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
             # another thread issuing meanwhile waits for the issue lock, as it would queue behind.
             return None
         fn = _algorithms.get_algorithm(name)
-        size, segment_bytes = self.size, self.segment_bytes
+        size = self.size
         shared = self._shared_memory_for(name, buf) if getattr(fn, "requires_shared_memory", False) else None
         folds_average = op is _AVG and size > 1 and getattr(fn, "folds_average", False)
         combine = op if folds_average else (_SUM if op is _AVG else op)
-
-        def run(transport):
-            if size > 1:
-                fn(shared or transport, flat, combine, segment_bytes=segment_bytes)
-            if op is _AVG and not folds_average:
-                flat[...] /= size  # in place: flat is a view of buf
-
+        run = _allreduce_task(fn, flat, combine, self.segment_bytes, size, shared,
+                              divide=op is _AVG and not folds_average)
         return self._issue("allreduce", run, flat.nbytes, async_op, buf, name,
                            CallFingerprint(flat.dtype, buf.shape, op.name, -1, name), kind_of=buf)
 
@@ -209,7 +218,6 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
             self.host_memory.close()
         self.transport.close()
         if self.progress is not None:
-            self._progress_slot = None
             self.progress.close()
             self.progress = None
         self.transport.free_communicator()

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 
 from .errors import InvalidUsageError
-from .ops import DTYPE_IS_FLOAT, ReduceOp
 from .validation import array_kind
 
 if TYPE_CHECKING:
@@ -22,8 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SharedMemoryMethods"]
 
-_AVG = ReduceOp.AVG
-
 
 class SharedMemoryMethods:
     # Set by ProcessGroup, which mixes this in.
@@ -32,8 +29,7 @@ class SharedMemoryMethods:
     executor: CommExecutor
     host_memory: Optional[HostMemory]
     _shm: Optional[SharedMemoryTransport]
-    _shm_allreduce_runner: Callable[..., bool]  # executor.inline_runner(_shm_allreduce_run()), set by the group
-    _progress_slot: Optional[memoryview]
+    _shm_allreduce_runner: Callable[..., bool]  # executor.inline_runner(_shm.slot_round), set by the group
 
     def alloc(self, shape, dtype=np.float32) -> np.ndarray:
         """A **symmetric buffer**: a numpy array in this rank's shared memory, at the same place on
@@ -77,39 +73,3 @@ class SharedMemoryMethods:
             return self.host_memory.transport
         raise InvalidUsageError(f"allreduce: algorithm {name!r} reads the peers' memory directly, "
                                 f"so only within one host: {why}")
-
-    def _shm_allreduce_run(self):
-        """``run(seq, limit, buf, op)``: ``shm_oneshot`` of ``buf`` right here, as collective ``seq``,
-        for the executor's inline runner (``_shm_allreduce_runner``); False: take the general path.
-
-        Like the MPI fast path (:mod:`commlib.group_inline`): no thread hop, no Work; anything
-        unusual (AVG of integers, an unsupported dtype, a read-only buffer) falls through to the
-        general path, which validates and explains. ``allreduce`` checked the class, the size
-        limit and the algorithm. The budget is about a microsecond: one closure over what it
-        touches, the checks inside it (every Python call costs a tenth of the budget).
-        """
-        shm = self._shm
-        assert shm is not None  # built only with shared memory (see ProcessGroup.__init__)
-        progress_slot = self._progress_slot if self._progress_slot is not None else [0]
-
-        def run(seq: int, _limit, buf, op, _unused=None) -> bool:
-            last = shm._last_round  # (count, dtype, op, round): the same kind of call was validated before
-            if last is not None and last[0] == buf.size and last[1] is buf.dtype and last[2] is op:
-                round_ = last[3]
-            else:
-                if op.__class__ is not ReduceOp:
-                    return False
-                is_float = DTYPE_IS_FLOAT.get(buf.dtype)
-                if is_float is None or (op is _AVG and not is_float):
-                    return False
-                round_ = shm.slot_round(buf.dtype, op, buf.size)
-            flags = buf.flags
-            if not (flags.c_contiguous and flags.writeable):
-                return False
-            progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
-            shm.inline_seq = seq  # the context, should it be needed (see SharedMemoryTransport)
-            shm.inline_nbytes = nbytes = buf.nbytes
-            round_(buf if buf.ndim == 1 else buf.reshape(-1), nbytes)
-            return True
-
-        return run

@@ -7,14 +7,15 @@ most a slot's worth of the buffer (a larger buffer is reduced round by round, ea
 collective of its own: its own epoch).
 
 One round: each rank copies its piece of the buffer into its slot and signals it (a signature
-naming dtype, op and the collective's size, a fence, the epoch); once every rank's signal shows
-the round with the same signature, each rank reads the ``P`` slots in rank order and combines
-them straight into its own buffer, ``((x_0 op x_1) op x_2) ...``, and says it is done reading.
-The round runs as one closure built by the transport (``transport.slot_round``): at 8 bytes the
-whole allreduce has a budget of about a microsecond of Python. Invariant: every rank evaluates
-the very same expression on the very same bytes, so every rank ends with the same bits,
-whatever the dtype. A slot is written again only after every peer said it finished reading it
-(in practice two collectives later, long after), so nobody waits for a slow reader.
+naming dtype, op and the collective's size, a fence where the copy needs one, the epoch); once
+every rank's signal shows the round with the same signature, each rank reads the ``P`` slots in
+rank order and combines them straight into its own buffer, ``((x_0 op x_1) op x_2) ...``. The
+round runs as one closure built by the transport (``transport.slot_round``), which is also the
+small allreduce's fast path: at 8 bytes the whole allreduce has a budget of about a microsecond
+of Python. Invariant: every rank evaluates the very same expression on the very same bytes, so
+every rank ends with the same bits, whatever the dtype. A slot is written again two rounds
+later, when every peer has arrived at the round in between, i.e. finished reading it, so nobody
+waits for a slow reader.
 
 Cost, per round of ``n`` bytes: one synchronisation (a cache line crossing cores, well under a
 microsecond when the ranks are in step) and no message: ``n`` bytes copied, ``(P - 1) n`` read
@@ -25,6 +26,7 @@ live anywhere (symmetric or not).
 
 from __future__ import annotations
 
+from ..errors import InvalidUsageError
 from ..ops import ReduceOp
 
 __all__ = ["allreduce_shm_oneshot"]
@@ -33,14 +35,17 @@ __all__ = ["allreduce_shm_oneshot"]
 def allreduce_shm_oneshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 0) -> None:
     if transport.size == 1 or buf.size == 0:
         return
-    total_bytes = buf.nbytes
+    slot_round = transport.slot_round
     round_elems = transport.layout.slot_bytes // buf.itemsize
     if buf.size <= round_elems:
-        transport.slot_round(buf.dtype, op, buf.size)(buf, total_bytes)
-        return
-    for start in range(0, buf.size, round_elems):
-        piece = buf[start:start + round_elems]
-        transport.slot_round(buf.dtype, op, piece.size)(piece, total_bytes)
+        pieces = [(buf, None)]
+    else:
+        pieces = [(buf[start:start + round_elems], buf.nbytes) for start in range(0, buf.size, round_elems)]
+    for piece, total_bytes in pieces:
+        if not slot_round(0, None, piece, op, total_bytes):
+            raise InvalidUsageError(f"allreduce: shm_oneshot cannot reduce this buffer ({piece.dtype}, op "
+                                    f"{op!r}, {'contiguous' if piece.flags.c_contiguous else 'not contiguous'}, "
+                                    f"{'writable' if piece.flags.writeable else 'read-only'})")
 
 
 # The registry's flags are function attributes (see algorithms/__init__.py), which mypy cannot type.

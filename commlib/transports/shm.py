@@ -6,7 +6,8 @@ peers' in place, so data moves once, from the writer's pages into the reader's c
 being copied into a message and out again. A segment holds, page-aligned:
 
 * the **control page**: per-rank counters on cache lines of their own (``ARRIVE`` with the
-  descriptor of the data this rank offers, ``PROGRESS``, ``DONE``);
+  descriptor of the data this rank offers, ``PROGRESS``, ``DONE``, the slots' signals with the
+  data of the smallest rounds beside them);
 * two **slots** (small messages, alternating between collectives) and two **staging halves**
   (larger plain buffers, chunked through them), both written only by their owner;
 * the **heap** of symmetric buffers (:mod:`commlib.symmetric_heap`): arrays allocated at the
@@ -17,7 +18,8 @@ Synchronisation is by counters, never by messages. Shared-memory collectives are
 its data, then the counter (``counter = epoch``); a reader waits for ``counter >= epoch`` and
 then reads the data. Memory ordering: the writer issues a full fence between the data and the
 counter (:func:`commlib.shared_memory.fence`): plain x86 stores become visible in program order,
-but the non-temporal and fast-string stores of a large ``memcpy`` (numpy's copies) need not.
+but the non-temporal and fast-string stores of a large ``memcpy`` (numpy's copies) need not (so
+on x86 a copy of under 2 KiB, plain stores, goes without: ``ORDERED_COPY_BYTES``).
 The reader needs one between seeing the counter and reading the data only where loads may pass
 older loads, i.e. not on x86 (``LOADS_IN_ORDER``); elsewhere the pair is an acquire/release.
 Counters are aligned 8-byte words written with one store, so a reader never sees half of one.
@@ -43,7 +45,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -58,14 +60,23 @@ __all__ = ["SharedMemoryTransport", "SegmentLayout", "kind_code"]
 # Control words (int64 indices into a segment's control page); one 64-byte line each.
 ARRIVE = 0          # epoch; descriptor at ARRIVE + 2 + 4 * (epoch & 1), see arrive()
 PROGRESS = 16       # (epoch << PROGRESS_BITS) | chunks of this rank's slice reduced so far
-DONE = 24           # epoch whose reads of peers' memory this rank has finished
-SLOT_SIGNAL = 32    # per slot parity p: [SLOT_SIGNAL + 2p] epoch, [SLOT_SIGNAL + 2p + 1] signature
+DONE = 24           # epoch whose reads of peers' buffers in place this rank has finished (depart)
+SLOT_SIGNAL = 32    # per slot parity p, a line each: [SLOT_SIGNAL + 8p] epoch, [+ 1] signature, [+ 2 ..] data
+# A round of at most this many bytes carries its data on its signal's cache line (after the epoch
+# and the signature), not in the slot: the peer that sees the signal has the data in the same
+# line, one cache miss fewer (NCCL's LL protocol does the same with flags beside the data).
+LINE_DATA_BYTES = 48
 PROGRESS_BITS = 24
 CONTROL_BYTES = PAGE_BYTES
 
 # x86 (Intel and AMD) never reorders a load with an older load, so a reader that saw a counter
 # reads the data stored before it without a fence; other architectures need the reader's fence.
 LOADS_IN_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+# A copy of fewer bytes is plain (vector) stores, which x86 makes visible in program order, so the
+# counter written after it needs no fence: glibc's memcpy (numpy's copies) switches to fast-string
+# stores from 2 KiB (its smallest `rep movsb` threshold) and to non-temporal ones far above.
+# Elsewhere every copy is followed by a fence. (Measured: the fence is 0.1 us of an 8-byte round.)
+ORDERED_COPY_BYTES = 2048 if LOADS_IN_ORDER else 0
 
 SPIN_POLLS = 256            # ~10 us of polling before the first yield
 # More ranks on the host than cores: a peer we wait for may need this very core, so yield at once
@@ -93,6 +104,15 @@ def _describe_kind(code: int) -> str:
     ops = {value: key for key, value in _OP_CODES.items()}
     dtype, op = dtypes.get(code >> 8), ops.get(code & 0xFF)
     return f"{dtype if dtype is not None else '?'} {op.name if op is not None else '?'}"
+
+
+def _out_by_keyword(ufunc):
+    """``ufunc(a, b, out)`` for the ufuncs that deprecate a positional ``out`` (numpy 2.4:
+    ``maximum``, ``minimum``); the others take it positionally, 120 ns faster than by keyword."""
+    def combine(a, b, out):
+        return ufunc(a, b, out=out)
+
+    return combine
 
 
 class SegmentLayout(NamedTuple):
@@ -167,12 +187,12 @@ class SharedMemoryTransport(Transport):
         self._areas = [(start, slot), (start + slot, slot), (staging_start, half), (staging_start + half, half)]
         self._area_arrays = [(offset, own[offset:offset + nbytes]) for offset, nbytes in self._areas]
         self._epoch = 0
-        self._last_round: Optional[tuple] = None  # (count, dtype, op, the compiled round)
-        # A small allreduce issued inline (ProcessGroup._shm_allreduce_run) records only its
-        # sequence number and size here; self.context is filled from them if it ever needs to
-        # wait long or fails (_current_context): ~0.2 us less per call.
+        # A small allreduce issued inline (slot_round with a sequence number) records only its
+        # number and size here; self.context is filled from them if it ever needs to wait long
+        # or fails (_current_context): ~0.2 us less per call.
         self.inline_seq, self.inline_nbytes, self.inline_timeout = 0, 0, float("inf")
         self._views: Dict[tuple, np.ndarray] = {}
+        self.slot_round, self._forget_slot_views = self._build_slot_round()
 
     # -- the epoch and the areas this rank writes -------------------------------------------------
     @property
@@ -186,76 +206,136 @@ class SharedMemoryTransport(Transport):
         return self._epoch
 
     # -- small rounds through the slots (shm_oneshot) -------------------------------------------------
-    def slot_round(self, dtype, op: ReduceOp, count: int):
-        """The one-shot round for ``count`` elements of ``dtype`` and ``op``, as one function.
+    def _build_slot_round(self):
+        """``(slot_round, forget)``: one round of ``shm_oneshot``, and what drops its views at close.
 
-        ``round(piece, total_bytes)``: copy ``piece`` into this rank's slot, signal, wait until
-        every rank signalled the same round, then combine all ``P`` slots in rank order into
-        ``piece`` (AVG: and divide). Built once per (dtype, op, count) and kept: a small
-        allreduce has a budget of about a microsecond of Python, and every call, attribute
-        lookup and view built on the way costs a tenth of one, so the round is one closure over
-        everything it touches (see :mod:`commlib.algorithms.shm_oneshot` for the schedule).
+        ``slot_round(seq, limit, piece, op, total_bytes=None) -> bool``:
+
+        Copy ``piece`` into this rank's slot, signal, wait until every rank signalled the same
+        round, then combine all ``P`` slots in rank order into ``piece`` (AVG: and divide).
+        ``total_bytes`` is the whole collective's size when ``piece`` is one of its chunks
+        (None: the piece is the collective). False, before touching anything, when ``piece``
+        or ``op`` is something it does not take (not C-contiguous or read-only, a dtype or op
+        it cannot combine, AVG of integers): the caller takes the general path, which explains.
+
+        It is also the small allreduce's fast path, for the executor's inline runner
+        (``seq`` > 0: the collective's number, published on the progress board; ``limit`` is
+        the runner's, checked by the caller). At 8 bytes the whole call has a budget of about
+        a microsecond of Python, and every call, attribute lookup and view built on the way
+        costs a tenth of one, so this is one closure over everything it touches, the views of
+        the slots for the last kind of piece (shape, dtype, op) in its own variables, switched
+        (``prepare``, views kept in ``self.memo``) when the kind changes.
         """
-        last = self._last_round
-        if last is not None and last[0] == count and last[1] is dtype and last[2] is op:
-            return last[3]
-        key = ("slot_round", count, dtype, op._value_)  # an Enum member's own hash runs Python code
-        compiled = self.memo.get(key)
-        if compiled is None:
-            if len(self.memo) > 256:
-                self.memo.clear()
-            compiled = self.memo[key] = self._compile_slot_round(dtype, op, count)
-        self._last_round = (count, dtype, op, compiled)
-        return compiled
-
-    def _compile_slot_round(self, dtype, op: ReduceOp, count: int):
-        nbytes = count * dtype.itemsize
-        if nbytes > self.layout.slot_bytes:
-            raise ValueError(f"slot round of {nbytes} bytes: slots hold {self.layout.slot_bytes}")
-        combine = getattr(self.xp, ufunc_name(op))
-        average = op is ReduceOp.AVG
-        size, transport = self.size, self
-        kind = kind_code(dtype, op) << 44
-        whole = kind | nbytes  # the signature when the round is the whole collective
-        peers = self._peer_controls
-        own = self._own_control
-        wait = self._wait
+        transport, size = self, self.size
+        peers, own, wait = self._peer_controls, self._own_control, self._wait
+        board = self.progress_board
+        progress_slot = board.mine_slot if board is not None and board.mine_slot is not None else [0]
         fence_acquire, fence_release, loads_in_order = _fence_acquire, _fence_release, LOADS_IN_ORDER
-        signals = (SLOT_SIGNAL, SLOT_SIGNAL + 2)
-        mine = [self._bytes[self.rank][offset:offset + nbytes].view(dtype) for offset, _ in self._areas[:2]]
-        everyone = [[self._bytes[peer][offset:offset + nbytes].view(dtype) for peer in range(size)]
-                    for offset, _ in self._areas[:2]]
-        first, second = zip(*(pair[:2] for pair in everyone))
-        rest = [pair[2:] for pair in everyone]
+        signals = (SLOT_SIGNAL, SLOT_SIGNAL + 8)
+        spin = range(self.spin_polls)
+        # The kind of the last piece and what a round of it needs (see prepare).
+        shape = dtype = kind_op = None
+        combine: Any = None
+        mine: Sequence[np.ndarray] = ()
+        first: Sequence[np.ndarray] = ()
+        second: Sequence[np.ndarray] = ()
+        rest: Sequence[Sequence[np.ndarray]] = ()
+        nbytes = kind = whole = 0
+        average = store_fence = False
 
-        def slot_round(piece, total_bytes: int) -> None:
+        def prepare(piece, op) -> bool:
+            nonlocal shape, dtype, kind_op, combine, mine, first, second, rest, nbytes, kind, whole
+            nonlocal average, store_fence
+            if op.__class__ is not ReduceOp:
+                return False
+            is_float = DTYPE_IS_FLOAT.get(piece.dtype)
+            if is_float is None or (op is ReduceOp.AVG and not is_float):
+                return False
+            if piece.nbytes > self.layout.slot_bytes:
+                raise ValueError(f"slot round of {piece.nbytes} bytes: slots hold {self.layout.slot_bytes}")
+            key = ("slot_round", piece.shape, piece.dtype, op._value_)  # an Enum member's hash runs Python
+            views = self.memo.get(key)
+            if views is None:
+                if len(self.memo) > 256:
+                    self.memo.clear()
+                views = self.memo[key] = self._slot_views(piece.shape, piece.dtype)
+            shape, dtype, kind_op = piece.shape, piece.dtype, op
+            mine, first, second, rest = views
+            nbytes = transport.inline_nbytes = piece.nbytes  # the context, should it be needed
+            kind = kind_code(dtype, op) << 44
+            whole = kind | nbytes  # the signature when the round is the whole collective
+            combine = getattr(self.xp, ufunc_name(op))
+            if op is ReduceOp.MAX or op is ReduceOp.MIN:
+                combine = _out_by_keyword(combine)
+            average = op is ReduceOp.AVG
+            store_fence = nbytes >= ORDERED_COPY_BYTES
+            return True
+
+        def slot_round(seq: int, _limit, piece, op, total_bytes=None) -> bool:
+            if piece.shape != shape or piece.dtype is not dtype or op is not kind_op:
+                if not prepare(piece, op):
+                    return False
+            flags = piece.flags  # as the general path: C-contiguous and writable, or its error
+            if not (flags.c_contiguous and flags.writeable):
+                return False
             epoch = transport._epoch + 1
-            transport._epoch = epoch
             parity = epoch & 1
             mine[parity][...] = piece  # free to write: see "Reuse" in the module docstring
             signal = signals[parity]
-            signature = whole if total_bytes == nbytes else kind | total_bytes
+            signature = whole if total_bytes is None else kind | total_bytes
             own[signal + 1] = signature
-            fence_acquire()
-            fence_release()
+            if store_fence:
+                fence_acquire()
+                fence_release()
             own[signal] = epoch
+            # The bookkeeping after the signal, not before: the peers wait for the signal, not
+            # for it (the last rank to arrive makes everyone's time).
+            transport._epoch = epoch
+            if seq:
+                progress_slot[0] = (seq << 8) | 1  # ProgressBoard.started(seq, "allreduce"), inlined
+                transport.inline_seq = seq  # the context, should it be needed (see _current_context)
             for peer, control in peers:
                 if control[signal] < epoch:
-                    wait(peer, signal, epoch, "arrive")
+                    # Spin here first: the rank that waits is the one whose exit is timed, and a
+                    # call into _wait and back lies on its path after the peer's signal.
+                    for _ in spin:
+                        if control[signal] >= epoch:
+                            break
+                    else:
+                        wait(peer, signal, epoch, "arrive")
                 if not loads_in_order:  # read the signature after the signal
                     fence()
                 if control[signal + 1] != signature:
                     transport._mismatch(peer, control[signal + 1] & _TOTAL_MASK, control[signal + 1] >> 44,
-                                        total_bytes, kind >> 44)
+                                        nbytes if total_bytes is None else total_bytes, kind >> 44)
             # ``out`` positional: the keyword costs a ufunc 120 ns more (a tenth of the budget)
             combine(first[parity], second[parity], piece)
             for contribution in rest[parity]:
                 combine(piece, contribution, piece)
-            own[DONE] = epoch
             if average:
                 piece /= size
+            return True
 
-        return slot_round
+        def forget() -> None:  # closing: drop the views of the slots, so the segments can be unmapped
+            nonlocal shape, mine, first, second, rest
+            shape, mine, first, second, rest = None, (), (), (), ()
+
+        return slot_round, forget
+
+    def _slot_views(self, shape: tuple, dtype) -> tuple:
+        """``(mine, first, second, rest)`` by slot parity: this rank's slot, ranks 0's and 1's, the
+        others' (in rank order), as arrays of ``shape`` and ``dtype`` (on the signal's line when
+        they fit there: ``LINE_DATA_BYTES``)."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes <= LINE_DATA_BYTES:
+            offsets = [(SLOT_SIGNAL + 8 * parity + 2) * 8 for parity in (0, 1)]
+        else:
+            offsets = [offset for offset, _ in self._areas[:2]]
+        mine = [self._bytes[self.rank][offset:offset + nbytes].view(dtype).reshape(shape) for offset in offsets]
+        everyone = [[self._bytes[peer][offset:offset + nbytes].view(dtype).reshape(shape)
+                     for peer in range(self.size)] for offset in offsets]
+        first, second = zip(*(pair[:2] for pair in everyone))
+        return mine, first, second, [pair[2:] for pair in everyone]
 
     def claim_staging(self, epoch: int):
         """``(offset, bytes)``: this rank's staging half for ``epoch`` (see "Reuse")."""
@@ -361,12 +441,10 @@ class SharedMemoryTransport(Transport):
     # -- waiting ------------------------------------------------------------------------------------
     def _wait(self, peer: int, word: int, target: int, what: str) -> None:
         control = self._controls[peer]
-        polls = self.spin_polls
-        while control[word] < target:
-            polls -= 1
-            if not polls:
-                self._wait_yielding(peer, word, target, what)
+        for _ in range(self.spin_polls):  # a for over a range polls a third faster than a countdown
+            if control[word] >= target:
                 return
+        self._wait_yielding(peer, word, target, what)
 
     def _wait_yielding(self, peer: int, word: int, target: int, what: str) -> None:
         control = self._controls[peer]
@@ -470,7 +548,7 @@ class SharedMemoryTransport(Transport):
     def close(self) -> None:
         super().close()
         self._views.clear()
-        self._last_round = None
+        self._forget_slot_views()
         self._bytes = []
         self._own_bytes = None
         for control in self._controls:

@@ -119,6 +119,24 @@ def main():
             check.equal(token, np.array([root]), f"broadcast #{step}")
             pg.allreduce(small, algorithm="native")
 
+    # The fast path keys the slots' views by shape, dtype and op: switch between kinds, N-d ones
+    # included, on both sides of the 48 bytes that ride on the signal's cache line.
+    kinds = [((2, 3), np.float32), ((12,), np.float32), ((14,), np.float32), ((3, 2, 2), np.int8),
+             ((6,), np.float64), ((7,), np.float64)]
+    runs_before = pg.executor.inline_runs
+    for step in range(42):
+        shape, dtype = kinds[step % len(kinds)]
+        op = (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN)[step % 3]
+        value = step % 5
+        array = np.full(shape, rank + value, dtype)
+        pg.allreduce(array, op)
+        expected = {ReduceOp.SUM: size * value + size * (size - 1) // 2, ReduceOp.MAX: size - 1 + value,
+                    ReduceOp.MIN: value}[op]
+        check.equal(array, np.full(shape, expected, dtype), f"fast path {shape} {np.dtype(dtype)} {op.name}")
+    if size > 1:
+        check.check(pg.executor.inline_runs - runs_before == 42,
+                    lambda: f"{pg.executor.inline_runs - runs_before} of 42 small allreduces ran inline")
+
     # alloc: every rank must ask for the same; a freed place comes back once all dropped it.
     if size > 1:
         bad = (7,) if rank == size - 1 else (5,)
