@@ -26,7 +26,9 @@ input for reduce_scatter, alltoall and scatter (nccl-tests' convention; also wha
 The barrier moves no payload: one row per contender, size, count, algbw and busbw 0, dtype '-'
 (the size and dtype options are ignored), and #wrong counts the times a rank left the barrier before a
 peer of its host had entered it (:mod:`commlib.bench_barrier`: an arrival board in shared
-memory, one rank arriving late each round).
+memory, one rank arriving late each round). ``--floor`` (allreduce) adds the row
+``floor:twoshot``: the two-shot's arithmetic and copies alone, no peers, no synchronisation
+(:mod:`commlib.bench_floor`), the floor under the shared-memory allreduce on this machine.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from mpi4py import MPI
 
 from .algorithms import get_algorithm
 from .bench_barrier import CHECK_ROUNDS, LATE_SECONDS, BarrierCheck
+from .bench_floor import FLOOR_NAME, twoshot_floor
 from .benchtools import bus_factor, parse_size, resolve_dtype, time_interleaved
 from .ops import ReduceOp
 
@@ -78,6 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--symmetric", action="store_true",
                         help="allreduce: also time every algorithm on a symmetric buffer (pg.alloc: shared "
                              "memory, read in place by the shm_* algorithms), rows named ALGORITHM@sym")
+    parser.add_argument("--floor", action="store_true",
+                        help=f"allreduce: also time {FLOOR_NAME!r}, the two-shot's memory work alone on each "
+                             f"rank (no peers, no synchronisation: the floor under it; see commlib.bench_floor)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON (rank 0)")
     args = parser.parse_args(argv)
     if args.min_bytes < 1 or args.max_bytes < args.min_bytes:
@@ -88,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--iters must be >= 1 and --warmup >= 0")
     if args.symmetric and args.collective != "allreduce":
         parser.error("--symmetric: only for --collective allreduce (symmetric buffers are allreduce's)")
+    if args.floor and args.collective != "allreduce":
+        parser.error("--floor: only for --collective allreduce (the two-shot allreduce's floor)")
     return args
 
 
@@ -347,12 +355,18 @@ def _measure(setup: Setup, comm, pg, baseline: str, algorithms, args, factor: fl
     contenders.update({name: functools.partial(setup.ours, name) for name in algorithms})
     if args.symmetric:
         contenders.update({f"{name}@sym": functools.partial(setup.ours_symmetric, name) for name in algorithms})
+    if args.floor:
+        # On the buffer the reset wrote last (the symmetric one, when there is one), as the
+        # collective on it finds it.
+        floor_buf = setup.symmetric if setup.symmetric is not None else setup.target
+        contenders[FLOOR_NAME] = twoshot_floor(floor_buf, setup.pristine, rank, size, ReduceOp.coerce(setup.op),
+                                               pg.config.shm_staging_bytes)
     timings = time_interleaved(comm, contenders, setup.reset, args.iters, args.warmup)
     baseline_time = timings.get(baseline)
     rows = []
     for name, run in contenders.items():
         # Every contender is checked on its own run; None where a rank had nothing to check on.
-        counts = comm.allgather(setup.check(run, symmetric=name.endswith("@sym")))
+        counts = [None] if name == FLOOR_NAME else comm.allgather(setup.check(run, symmetric=name.endswith("@sym")))
         seconds = timings[name]
         algbw = setup.nbytes / seconds / 1e9
         row = dict(collective=setup.collective, size=setup.nbytes, count=setup.count,

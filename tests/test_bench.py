@@ -26,7 +26,7 @@ def parse_table(output: str):
         size, count, dtype, algorithm, time_us, algbw, busbw, wrong, ratio = fields
         rows.append(dict(size=int(size), count=int(count), dtype=dtype, algorithm=algorithm,
                          time_us=float(time_us), algbw=float(algbw), busbw=float(busbw),
-                         wrong=int(wrong), ratio=float(ratio)))
+                         wrong=None if wrong == "-" else int(wrong), ratio=float(ratio)))
     return rows
 
 
@@ -56,14 +56,33 @@ def test_bench_table_parses_and_nothing_is_wrong(tmp_path, dtype):
 @pytest.mark.mpi
 def test_bench_times_the_shared_memory_algorithms_on_symmetric_buffers_too():
     command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "commlib.bench", "-b", "8", "-e", "64K",
-               "-f", "64", "-n", "3", "-w", "1", "-a", "shm_oneshot,shm_twoshot,auto", "--symmetric"]
+               "-f", "64", "-n", "3", "-w", "1", "-a", "shm_oneshot,shm_twoshot,auto", "--symmetric", "--floor"]
     result = subprocess.run(command, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = parse_table(result.stdout)
-    names = ["MPI_Allreduce", "shm_oneshot", "shm_twoshot", "auto", "shm_oneshot@sym", "shm_twoshot@sym", "auto@sym"]
+    names = ["MPI_Allreduce", "shm_oneshot", "shm_twoshot", "auto", "shm_oneshot@sym", "shm_twoshot@sym", "auto@sym",
+             "floor:twoshot"]
     assert [(row["size"], row["algorithm"]) for row in rows] == [(size, name) for size in (8, 512, 32768)
                                                                   for name in names], result.stdout
-    assert all(row["wrong"] == 0 for row in rows), result.stdout
+    # The floor is not an allreduce: unchecked, and left out of the verdict.
+    assert all(row["wrong"] == (None if row["algorithm"] == "floor:twoshot" else 0) for row in rows), result.stdout
+    assert "out of bounds values: 0 OK" in result.stdout
+
+
+@pytest.mark.parametrize("size,rank", [(2, 0), (2, 1), (3, 2), (5, 1)])
+def test_the_two_shot_floor_does_the_two_shot_work_on_every_element(size, rank):
+    """Its reduce reads the stand-in P - 1 times into this rank's slice and every other slice is
+    copied from that slice, so from zeros and a stand-in of ones every element ends at P - 1 (odd
+    lengths, several rounds)."""
+    import numpy as np
+
+    from commlib.bench_floor import twoshot_floor
+    from commlib.ops import ReduceOp
+
+    for count in (size, 1001, 40_003):
+        buf = np.zeros(count, np.float32)
+        twoshot_floor(buf, np.ones(count, np.float32), rank, size, ReduceOp.SUM, round_bytes=16 << 10)()
+        assert np.array_equal(buf, np.full(count, size - 1, np.float32)), (count, np.unique(buf))
 
 
 @pytest.mark.mpi

@@ -1,0 +1,69 @@
+"""The memory floor of ``shm_twoshot``: what its arithmetic and copies alone cost on this machine.
+
+``python -m commlib.bench --floor`` (allreduce) adds a row ``floor:twoshot``: every rank does the
+loads, stores and additions the two-shot allreduce does on its buffer, the same numpy calls in
+the same rounds and chunk sizes (:mod:`commlib.algorithms.shm_twoshot`), but on private
+stand-ins for the peers' memory and without a single synchronisation: in each round it reduces
+its slice from its own data and ``P - 1`` reads of a stand-in, then fills the other slices by
+copying its own freshly reduced slice (where the collective copies the peers' freshly reduced
+ones). The reduce's stand-in is the benchmark's pristine input, which the reset before every
+call has just read, so it is as warm as a peer's freshly written buffer; the copies read this
+core's own recent writes, warmer than a peer's: the row errs on the fast side. All ranks run
+it at once, as they run the collective, so they share the machine's memory bandwidth as they
+would there. It is not an allreduce (its result is
+not checked: ``#wrong`` is ``-``); it is a time under which no schedule that does this memory
+work on these cores can go, measured in the same run as the contenders, like ``ddp.bench``'s
+``local`` row.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .algorithms.shm_twoshot import CHUNK_BYTES, CHUNK_BYTES_MANY, COPY_BYTES, chunk_spans, round_slices
+from .ops import ReduceOp, ufunc_name
+
+__all__ = ["FLOOR_NAME", "twoshot_floor"]
+
+FLOOR_NAME = "floor:twoshot"
+
+
+def twoshot_floor(buf: np.ndarray, standin: np.ndarray, rank: int, size: int, op: ReduceOp,
+                  round_bytes: int) -> Callable[[], None]:
+    """``run()``: the two-shot's memory work on ``buf`` at rank ``rank`` of ``size``, in rounds of
+    ``round_bytes`` (the staging half, as the collective), reading ``standin`` (the size of
+    ``buf``) where the reduce reads a peer's memory."""
+    combine = getattr(np, ufunc_name(op if op is not ReduceOp.AVG else ReduceOp.SUM))
+    itemsize = buf.dtype.itemsize
+    chunk_elems = max(1, (CHUNK_BYTES if size == 2 else CHUNK_BYTES_MANY) // itemsize)
+    copy_elems = max(1, COPY_BYTES // itemsize)
+    round_elems = max(size, round_bytes // itemsize)
+    rounds = []
+    for start in range(0, buf.size, round_elems):
+        piece, other = buf[start:start + round_elems], standin[start:start + round_elems]
+        slices = round_slices(piece.size, size)
+        mine_lo, mine_hi = slices[rank]
+        # Each other slice is filled from this rank's own: (destination lo, hi, source lo) pieces,
+        # the own slice again for the element a longer slice has beyond it.
+        mine_count = mine_hi - mine_lo
+        copies = []
+        for peer, (lo, hi) in enumerate(slices):
+            for start in range(lo, hi, mine_count) if peer != rank and mine_count else ():
+                copies.append((start, min(start + mine_count, hi), mine_lo))
+        rounds.append((piece, other, chunk_spans((mine_lo, mine_hi), chunk_elems), copies))
+    reads = max(1, size - 1)
+
+    def run() -> None:
+        for piece, other, chunks, copies in rounds:
+            for lo, hi in chunks:
+                out = piece[lo:hi]
+                for _ in range(reads):
+                    combine(out, other[lo:hi], out=out)
+            for lo, hi, source in copies:
+                for start in range(lo, hi, copy_elems):
+                    stop = min(start + copy_elems, hi)
+                    piece[start:stop] = piece[source + start - lo:source + stop - lo]
+
+    return run
