@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-__all__ = ["choose", "choose_allreduce", "native_threshold", "world_class", "choose_shared_memory_allreduce",
-           "shared_memory_inline_bytes"]
+__all__ = ["choose", "choose_allreduce", "native_threshold", "leading_bound", "world_class",
+           "choose_shared_memory_allreduce", "shared_memory_inline_bytes"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -55,11 +55,15 @@ _TABLES: Dict[str, Dict[str, Rows]] = {
     },
     # The rest: `python -m commlib.bench --collective NAME -b 16 -e 64M -f 4 -n 12 -w 2` at P = 2,
     # 4 and 3 (2026-12-01, contenders interleaved); ratios are to the MPI library's own blocking
-    # call in the same run. Below ~64 KiB the library's own ("native") wins everywhere: our
-    # schedules pay the Python path once per message, the library once per call.
+    # call in the same run. Below ~64 KiB the library's own ("native") wins everywhere, except
+    # broadcast and scatter at two ranks, where our binomial is one message sent inline (see
+    # there): our schedules pay the Python path once per message, the library once per call.
     "broadcast": {
-        # one transfer, the library's (flat/binomial 1.03-1.06 at >= 4 MiB, native 1.03-1.06)
-        "2": ((INF, "native"),),
+        # Two ranks: binomial is one message, sent inline by the fast path up to 64 KiB
+        # (mpi_inline.make_inline_pair; 2026-12-01, -b 8 -e 64K -f 8 -a native,binomial,auto
+        # -n 1000: binomial 1.04-1.15 of MPI_Bcast, native 1.29-1.40); above, one transfer, the
+        # library's (flat/binomial 1.03-1.06 at >= 4 MiB, native 1.03-1.06)
+        "2": ((64 * KiB, "binomial"), (INF, "native")),
         # flat 0.81 at 256 KiB, 0.74 at 1 MiB, 0.79 at 64 MiB; native 0.86/1.09/0.86
         "pow2": ((4 * KiB, "native"), (INF, "flat")),
         # P=3: flat 0.63 at 16 MiB, 0.49 at 64 MiB; native 0.64/0.57
@@ -107,8 +111,10 @@ _TABLES: Dict[str, Dict[str, Rows]] = {
         "pow2": ((4 * MiB, "native"), (INF, "binomial")),  # 16 MiB: 0.43 vs 0.44; 64 MiB: 0.25 vs 0.33
         "other": ((INF, "native"),),
     },
-    "scatter": {  # the library's Iscatter is best or tied at every size and P
-        "2": ((INF, "native"),),
+    "scatter": {  # the library's Iscatter is best or tied at every size and P but small ones at P = 2
+        # as broadcast's (same run: binomial 1.16-1.42 of MPI_Scatter up to 4 KiB, 1.05 at 32 KiB;
+        # native 1.35-1.56 and 1.19)
+        "2": ((64 * KiB, "binomial"), (INF, "native")),
         "pow2": ((INF, "native"),),
         "other": ((INF, "native"),),
     },
@@ -145,13 +151,19 @@ def choose_allreduce(nbytes: int, world_size: int, available) -> str:
 def native_threshold(world_size: int, override=None, collective: str = "allreduce") -> float:
     """Largest message (bytes, as the table is keyed) for which ``"auto"`` means ``"native"`` for
     ``collective`` (-1: never); ``override``: the configured algorithm for it, if any."""
+    return leading_bound(world_size, override, collective, "native")
+
+
+def leading_bound(world_size: int, override, collective: str, algorithm: str) -> float:
+    """Largest message for which ``"auto"`` means ``algorithm`` from the smallest size on (the
+    table's first rows; -1: its first row names another), as the fast paths need it."""
     if override:
-        return INF if override == "native" else -1
+        return INF if override == algorithm else -1
     if world_size == 1:
-        return INF
+        return INF if algorithm == "native" else -1
     bound: float = -1
     for upper, name in _TABLES[collective][world_class(world_size)]:
-        if name != "native":
+        if name != algorithm:
             break
         bound = upper
     return bound

@@ -49,28 +49,21 @@ class CollectiveMethods:
     segment_bytes: int
     _issue: Callable[..., Any]
     resolve_algorithm: Callable[..., str]
-    # The small-message fast path, ``(limit, *args) -> ran``, and its limits by algorithm
-    # (set by commlib/group_inline.py).
-    _broadcast_inline: Callable[..., bool]
-    _reduce_inline: Callable[..., bool]
-    _allgather_inline: Callable[..., bool]
-    _reduce_scatter_inline: Callable[..., bool]
-    _alltoall_inline: Callable[..., bool]
-    _gather_inline: Callable[..., bool]
-    _scatter_inline: Callable[..., bool]
-    _barrier_inline: Callable[..., bool]
-    _broadcast_inline_bytes: Dict[str, float]
-    _reduce_inline_bytes: Dict[str, float]
-    _allgather_inline_bytes: Dict[str, float]
-    _reduce_scatter_inline_bytes: Dict[str, float]
-    _alltoall_inline_bytes: Dict[str, float]
-    _gather_inline_bytes: Dict[str, float]
-    _scatter_inline_bytes: Dict[str, float]
-    _barrier_inline_bytes: Dict[str, float]
+    # The small-message fast paths by algorithm, ``runner(*args) -> ran`` (set by
+    # commlib/group_inline.py).
+    _broadcast_inline: Dict[str, Callable[..., bool]]
+    _reduce_inline: Dict[str, Callable[..., bool]]
+    _allgather_inline: Dict[str, Callable[..., bool]]
+    _reduce_scatter_inline: Dict[str, Callable[..., bool]]
+    _alltoall_inline: Dict[str, Callable[..., bool]]
+    _gather_inline: Dict[str, Callable[..., bool]]
+    _scatter_inline: Dict[str, Callable[..., bool]]
+    _barrier_inline: Dict[str, Callable[..., bool]]
 
     def broadcast(self, buf, root: int = 0, *, algorithm: str = "auto", async_op: bool = False):
         """Every rank's ``buf`` becomes ``root``'s."""
-        if not async_op and self._broadcast_inline(self._broadcast_inline_bytes.get(algorithm, -1), buf, root):
+        fast = self._broadcast_inline.get(algorithm)
+        if fast is not None and not async_op and fast(buf, root):
             return None
         flat = check_buffer(buf, "broadcast")
         root = check_root(root, self.size, "broadcast")
@@ -81,7 +74,8 @@ class CollectiveMethods:
 
     def reduce(self, buf, root: int = 0, op=_SUM, *, algorithm: str = "auto", async_op: bool = False):
         """``root``'s ``buf`` becomes the reduction of every rank's; the others' stay as they were."""
-        if not async_op and self._reduce_inline(self._reduce_inline_bytes.get(algorithm, -1), buf, root, op):
+        fast = self._reduce_inline.get(algorithm)
+        if fast is not None and not async_op and fast(buf, root, op):
             return None
         op = ReduceOp.coerce(op)
         flat = check_buffer(buf, "reduce")
@@ -96,7 +90,8 @@ class CollectiveMethods:
 
     def allgather(self, out, inp, *, algorithm: str = "auto", async_op: bool = False):
         """``out`` (``size * inp.size``) gets every rank's ``inp``, rank-major."""
-        if not async_op and self._allgather_inline(self._allgather_inline_bytes.get(algorithm, -1), out, inp):
+        fast = self._allgather_inline.get(algorithm)
+        if fast is not None and not async_op and fast(out, inp):
             return None
         flat_out, flat_inp = self._out_and_inp("allgather", out, inp)
         self._check_size("allgather", "out", flat_out.size, "inp", flat_inp.size)
@@ -107,8 +102,8 @@ class CollectiveMethods:
 
     def reduce_scatter(self, out, inp, op=_SUM, *, algorithm: str = "auto", async_op: bool = False):
         """Rank ``r``'s ``out`` gets block ``r`` of the reduction of every rank's ``inp``."""
-        if not async_op and self._reduce_scatter_inline(
-                self._reduce_scatter_inline_bytes.get(algorithm, -1), out, inp, op):
+        fast = self._reduce_scatter_inline.get(algorithm)
+        if fast is not None and not async_op and fast(out, inp, op):
             return None
         op = ReduceOp.coerce(op)
         flat_out, flat_inp = self._out_and_inp("reduce_scatter", out, inp)
@@ -123,7 +118,8 @@ class CollectiveMethods:
 
     def alltoall(self, out, inp, *, algorithm: str = "auto", async_op: bool = False):
         """Block ``j`` of rank ``i``'s ``inp`` lands in block ``i`` of rank ``j``'s ``out`` (equal blocks)."""
-        if not async_op and self._alltoall_inline(self._alltoall_inline_bytes.get(algorithm, -1), out, inp):
+        fast = self._alltoall_inline.get(algorithm)
+        if fast is not None and not async_op and fast(out, inp):
             return None
         flat_out, flat_inp = self._out_and_inp("alltoall", out, inp)
         if flat_out.size != flat_inp.size or flat_inp.size % self.size:
@@ -154,7 +150,8 @@ class CollectiveMethods:
 
     def gather(self, out, inp, root: int = 0, *, algorithm: str = "auto", async_op: bool = False):
         """``root``'s ``out`` (``size * inp.size``) gets every rank's ``inp``; elsewhere ``out`` may be None."""
-        if not async_op and self._gather_inline(self._gather_inline_bytes.get(algorithm, -1), out, inp, root):
+        fast = self._gather_inline.get(algorithm)
+        if fast is not None and not async_op and fast(out, inp, root):
             return None
         root = check_root(root, self.size, "gather")
         flat_inp = check_buffer(inp, "gather", "inp", writable=False)
@@ -169,7 +166,8 @@ class CollectiveMethods:
 
     def scatter(self, out, inp, root: int = 0, *, algorithm: str = "auto", async_op: bool = False):
         """Rank ``r``'s ``out`` gets block ``r`` of ``root``'s ``inp``; elsewhere ``inp`` may be None."""
-        if not async_op and self._scatter_inline(self._scatter_inline_bytes.get(algorithm, -1), out, inp, root):
+        fast = self._scatter_inline.get(algorithm)
+        if fast is not None and not async_op and fast(out, inp, root):
             return None
         root = check_root(root, self.size, "scatter")
         flat_out = check_buffer(out, "scatter", "out")
@@ -184,7 +182,8 @@ class CollectiveMethods:
 
     def barrier(self, *, algorithm: str = "auto", async_op: bool = False):
         """Returns once every rank of the group has entered the barrier."""
-        if not async_op and self._barrier_inline(self._barrier_inline_bytes.get(algorithm, -1)):
+        fast = self._barrier_inline.get(algorithm)
+        if fast is not None and not async_op and fast():
             return None
         name, fn = self._algorithm("barrier", algorithm, 0, None)
         run = algorithm_task(fn, (), self.segment_bytes)

@@ -125,13 +125,15 @@ class CommExecutor:
                 self._in_flight -= 1
                 self._inline_busy = False
 
-    def inline_runner(self, run: Callable[..., bool]) -> Callable[..., bool]:
-        """``runner(limit, a, b, c)``: ``run(seq, limit, a, b, c)`` now, in the caller's thread,
-        if nothing is in line.
+    def inline_runner(self, run: Callable[..., bool], limit: float) -> Callable[..., bool]:
+        """``runner(a, b, c)``: ``run(seq, limit, a, b, c)`` now, in the caller's thread, if
+        nothing is in line.
 
-        For collectives that take microseconds (the small-message fast paths): ``limit`` and
-        up to three arguments, unused ones None (a fixed signature: forwarding ``*args`` costs
-        75 ns, a twentieth of the budget). ``runner`` takes the issue lock, declines (False)
+        For collectives that take microseconds (the small-message fast paths): up to three
+        arguments, unused ones None (a fixed signature: forwarding ``*args`` costs 75 ns, a
+        twentieth of the budget), and ``limit``, the largest message ``run`` may take for the
+        algorithm this runner stands for (one runner per algorithm that has a fast path, so
+        the caller picks by algorithm in one lookup). ``runner`` takes the issue lock, declines (False)
         when anything is queued or running, when the group is poisoned or closed, and on the
         communication thread (a callback's collective has its place there; the running entry
         keeps the line busy); else numbers the collective and calls ``run``, which either runs
@@ -146,7 +148,7 @@ class CommExecutor:
         # block costs twice as much.
         issue_lock = self._issue_lock
 
-        def runner(limit, a=None, b=None, c=None) -> bool:
+        def runner(a=None, b=None, c=None) -> bool:
             issue_lock.acquire()
             try:
                 if self._in_flight or self.first_error is not None or self._closed:

@@ -63,9 +63,10 @@ def _allreduce_task(fn, flat, combine, segment_bytes: int, size: int, shared, *,
 
 
 class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
-    # allreduce's fast path (commlib/group_inline.py; its "auto" limit is set below)
-    _allreduce_inline: Callable[..., bool]
-    _allreduce_inline_bytes: Dict[str, float]
+    # allreduce's fast paths by algorithm (commlib/group_inline.py; made below, where "auto"'s
+    # limit weighs shared memory and the hosts)
+    _allreduce_inline: Dict[str, Callable[..., bool]]
+    _allreduce_native_run: Optional[Callable[..., bool]]
 
     def __init__(self, comm: "MPI.Comm", *, timeout: float, config: Config, debug: bool = False,
                  name: str = "world", segment_bytes: Optional[int] = None, device=None,
@@ -102,7 +103,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
         # (no debug fingerprints) and "auto" means "native" for small messages, skip the
         # general machinery (see commlib/group_inline.py).
         set_up_inline_natives(self)
-        self._small_fast_path_ok = bool(self._allreduce_inline_bytes)
+        self._small_fast_path_ok = self._allreduce_native_run is not None
         self._auto_native_bytes = native_threshold(self.size, config.algorithm_override)
         self._shm_inline_bytes: float = -1
         if self._shm is not None and not config.algorithm_override and self._small_fast_path_ok:
@@ -111,14 +112,17 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
             self._shm_inline_bytes = min(shared_memory_inline_bytes(self.size), self._shm.layout.slot_bytes)
             self._auto_native_bytes = -1
             self._shm.inline_timeout = self.timeout
-            self._shm_allreduce_runner = self.executor.inline_runner(self._shm.slot_round)
+            self._shm_allreduce_runner = self.executor.inline_runner(self._shm.slot_round, self._shm_inline_bytes)
         self._cost_model = None
         if self.topology.spans_hosts:  # across hosts "auto" has its own table, or a fitted model
             self._cost_model = load_cost_model(config.cost_model)
             self._auto_native_bytes = native_threshold_across_hosts(
                 self.topology, config.algorithm_override, self._cost_model, _algorithms._REGISTRY)
-        if self._small_fast_path_ok:  # "native": inline at any size, as the general path would run it
-            self._allreduce_inline_bytes = {"auto": self._auto_native_bytes, "native": math.inf}
+        if self._allreduce_native_run is not None:  # "native": inline at any size, as the general path runs it
+            runner = self.executor.inline_runner
+            self._allreduce_inline = {"native": runner(self._allreduce_native_run, math.inf)}
+            if self._auto_native_bytes >= 0:
+                self._allreduce_inline["auto"] = runner(self._allreduce_native_run, self._auto_native_bytes)
         if self.debug:
             from .fingerprint import FingerprintChecker
 
@@ -132,9 +136,10 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
     def allreduce(self, buf, op=_SUM, *, algorithm: str = "auto", async_op: bool = False):
         if (buf.__class__ is _NDARRAY and buf.nbytes <= self._shm_inline_bytes and not async_op
                 and (algorithm == "auto" or algorithm == "shm_oneshot")
-                and self._shm_allreduce_runner(self._shm_inline_bytes, buf, op)):
+                and self._shm_allreduce_runner(buf, op)):
             return None
-        if not async_op and self._allreduce_inline(self._allreduce_inline_bytes.get(algorithm, -1), buf, op):
+        fast = self._allreduce_inline.get(algorithm)
+        if fast is not None and not async_op and fast(buf, op):
             return None
         if op.__class__ is not ReduceOp:
             op = ReduceOp.coerce(op)
@@ -143,7 +148,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
         name = self.resolve_algorithm(algorithm, flat.nbytes, on_gpu=buf.__class__ is not np.ndarray,
                                       symmetric=algorithm == "auto" and self._is_symmetric(flat))
         if (name == "native" and algorithm == "auto" and flat.nbytes > self._auto_native_bytes and not async_op
-                and self._small_fast_path_ok and self._allreduce_inline(math.inf, buf, op)):
+                and self._small_fast_path_ok and self._allreduce_inline["native"](buf, op)):
             # "auto" means the library's own above the small sizes too (across hosts, 32 KiB-8 MiB);
             # another thread issuing meanwhile waits for the issue lock, as it would queue behind.
             return None

@@ -63,6 +63,23 @@ def test_auto_tables_cover_every_collective_and_name_registered_algorithms():
                                                                           algorithm_names("alltoallv"))
 
 
+def test_the_fast_paths_limits_follow_the_auto_tables_first_rows():
+    """``leading_bound``: up to where "auto" means the algorithm from the smallest size on, so
+    the fast path of "auto" runs what the general path would pick (and a rank on either matches)."""
+    from commlib.auto import choose, leading_bound
+
+    inf = float("inf")
+    assert leading_bound(2, None, "scatter", "binomial") == 64 << 10
+    assert choose("scatter", 64 << 10, 2, ["native", "binomial"]) == "binomial"
+    assert choose("scatter", (64 << 10) + 1, 2, ["native", "binomial"]) == "native"
+    assert leading_bound(2, None, "scatter", "native") == -1  # the first row is binomial
+    assert leading_bound(4, None, "scatter", "native") == inf
+    assert leading_bound(4, None, "scatter", "binomial") == -1
+    assert leading_bound(2, "native", "scatter", "native") == inf  # an override wins at every size
+    assert leading_bound(2, "native", "scatter", "binomial") == -1
+    assert leading_bound(1, None, "broadcast", "native") == inf and leading_bound(1, None, "broadcast", "binomial") == -1
+
+
 def test_validation_messages_say_what_was_expected():
     with pytest.raises(InvalidUsageError, match="C-contiguous"):
         check_buffer(np.zeros((4, 4))[:, 1], "allreduce")

@@ -37,6 +37,8 @@ And what the group itself uses, besides the above:
   peer's process exited;
 * ``inline_native(collective, timeout)``: a cheap ``run(seq, limit, *args) -> bool`` for the
   group's small-message fast path (:mod:`commlib.group_inline`), or None (the default);
+  ``inline_pair(collective, timeout)``: ``(algorithm, run)``, the same for one of our own
+  schedules where it is a single message at two ranks, or None;
 * ``split(member, key)`` and ``free_communicator()``: the group's sub-groups and its teardown
   (MPI: ``MPI_Comm_split``, ``MPI_Comm_free``), so that the group never calls the library.
 
@@ -187,6 +189,13 @@ class Transport(abc.ABC):
         with the same errors, name the collective and ``seq`` in them; and return True. The
         default, None, leaves every call to the general path.
         """
+        return None
+
+    def inline_pair(self, collective: str, timeout: float):
+        """``(algorithm, run)``: like :meth:`inline_native`, but ``run`` does what our algorithm
+        ``algorithm`` does for ``collective`` between two ranks (one message), sending exactly
+        the messages the general path's ``algorithm`` sends, so that ranks on either path
+        match. None (the default) where there is no such path."""
         return None
 
     # -- the library's own collectives (the "native" algorithms) -----------------------------

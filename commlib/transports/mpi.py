@@ -16,13 +16,11 @@ import numpy as np
 from mpi4py import MPI
 
 from .interface import Pending, Transfer, Transport, format_bytes
-from .mpi_inline import make_inline_native
-from .mpi_natives import MPINativeCollectives, as_bytes, raise_timeout
+from .mpi_inline import make_inline_native, make_inline_pair
+from .mpi_natives import TAG_MODULUS, MPINativeCollectives, as_bytes, raise_timeout
 from .polling import wait_all
 
 __all__ = ["MPITransport", "as_bytes", "raise_timeout", "run_with_deadline"]
-
-TAG_MODULUS = 32768
 
 
 class _MPIPending(Pending):
@@ -64,6 +62,15 @@ class MPITransport(MPINativeCollectives, Transport):
     def inline_native(self, collective: str, timeout: float):
         """See :mod:`.mpi_inline`."""
         return make_inline_native(self, collective, timeout)
+
+    def inline_pair(self, collective: str, timeout: float):
+        """See :func:`.mpi_inline.make_inline_pair`."""
+        return make_inline_pair(self, collective, timeout)
+
+    def wait_transfers(self, requests, sends: Sequence[Transfer], recvs: Sequence[Transfer]) -> None:
+        """Wait for point-to-point ``requests`` (receives first, as ``post`` orders them) as a
+        posted exchange would: the context's deadline, then cancel and a named error."""
+        _MPIPending(self, requests, sends, recvs).wait()
 
     # -- communicators --------------------------------------------------------------------------
     def split(self, member: bool, key: int):

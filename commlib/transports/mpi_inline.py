@@ -37,10 +37,10 @@ from mpi4py import MPI
 from ..machine import oversubscribed
 from ..ops import DTYPE_IS_FLOAT, ReduceOp
 from ..progress_board import CODE_BITS, COLLECTIVE_CODES
-from .mpi_natives import as_bytes
+from .mpi_natives import TAG_MODULUS, as_bytes
 from .mpi_types import MPI_PREDEFINED as PLAIN  # dtypes whose arrays export a plain buffer
 
-__all__ = ["make_inline_native", "INLINE_POLLS"]
+__all__ = ["make_inline_native", "make_inline_pair", "INLINE_POLLS", "PAIR_SCHEDULE"]
 
 INLINE_POLLS = 32
 # Ranks outnumber cores: polls each after a yield before the general wait takes over. Its
@@ -64,32 +64,60 @@ def make_inline_native(transport, collective: str, timeout: float):
     make = _MAKERS.get(collective)
     if make is None:
         return None
+
+    def finish(request, seq: int, nbytes: int, _transfer=None) -> None:
+        transport.context.begin(collective, seq, "native", nbytes, timeout)
+        transport._wait_native(request)
+
+    return _made(make, transport, collective, finish, pair=False)
+
+
+def make_inline_pair(transport, collective: str, timeout: float):
+    """``(PAIR_SCHEDULE, run)`` for ``collective`` between two ranks, or None.
+
+    At two ranks our ``binomial`` broadcast and scatter are one message from the root to the
+    other rank. ``run`` sends exactly that message, ``MPI_Isend``/``MPI_Irecv`` of the same bytes
+    on the same communicator and tag (the collective's number, see ``MPITransport.tag``) as the
+    general path's ``binomial``, so a rank on this path and one on the general path (busy
+    line, ``async_op``) still match. Measured at two ranks, 8 B, per rank (root / other): that
+    message polled to completion took 1.0 / 1.0 us, the library's ``MPI_Iscatter`` 1.4 / 1.5
+    and its blocking ``MPI_Scatter`` 0.9 / 1.6 us, so the library's own schedule, not the
+    message, is what a small scatter waits for.
+    """
+    make = _PAIR_MAKERS.get(collective)
+    if make is None or transport.size != 2:
+        return None
+
+    def finish(request, seq: int, nbytes: int, transfer=None) -> None:
+        transport.context.begin(collective, seq, PAIR_SCHEDULE, nbytes, timeout)
+        buf, peer, sending = transfer
+        transport.wait_transfers([request], ((buf, peer),) if sending else (), () if sending else ((buf, peer),))
+
+    return PAIR_SCHEDULE, _made(make, transport, collective, finish, pair=True)
+
+
+def _made(make, transport, collective: str, finish, pair: bool):
     board = transport.progress_board
     # Always a slot to mark (a private one without a board): one test less on the path.
     slot = board.mine_slot if board is not None else None
     if slot is None:
         slot = [0]
     started = COLLECTIVE_CODES[collective]
-    context = transport.context
-
-    def finish(request, seq: int, nbytes: int) -> None:
-        context.begin(collective, seq, "native", nbytes, timeout)
-        transport._wait_native(request)
-
+    extra = {"pair": True} if pair else {}
     if not oversubscribed():
-        return make(transport, transport.comm, slot, started, finish, range(INLINE_POLLS))
+        return make(transport, transport.comm, slot, started, finish, range(INLINE_POLLS), **extra)
 
     yielding_polls, sched_yield = range(YIELDING_POLLS), os.sched_yield
 
-    def yield_then_finish(request, seq: int, nbytes: int) -> None:
+    def yield_then_finish(request, seq: int, nbytes: int, transfer=None) -> None:
         test = request.Test
         for _ in yielding_polls:  # poll first: the run's one poll came before the peers' posts
             if test():
                 return
             sched_yield()
-        finish(request, seq, nbytes)
+        finish(request, seq, nbytes, transfer)
 
-    return make(transport, transport.comm, slot, started, yield_then_finish, range(1))
+    return make(transport, transport.comm, slot, started, yield_then_finish, range(1), **extra)
 
 
 # Each run first decides, touching nothing, whether the call is one it takes (False: the general
@@ -119,8 +147,8 @@ def _allreduce(transport, comm, slot, started, finish, polls):
     return allreduce
 
 
-def _broadcast(transport, comm, slot, started, finish, polls):
-    size = transport.size
+def _broadcast(transport, comm, slot, started, finish, polls, pair=False):
+    rank, size = transport.rank, transport.size
 
     def broadcast(seq, limit, buf, root, _unused=None):
         if buf.__class__ is not NDARRAY or buf.nbytes > limit:
@@ -131,13 +159,21 @@ def _broadcast(transport, comm, slot, started, finish, polls):
         spec = [buf, BYTE] if buf.dtype in PLAIN else as_bytes(buf) if buf.dtype in DTYPE_IS_FLOAT else None
         if spec is None:
             return False
-        request = comm.Ibcast(spec, root)
+        if not pair:
+            request = comm.Ibcast(spec, root)
+        elif not buf.nbytes:  # binomial sends nothing for an empty buffer
+            slot[0] = (seq << CODE_BITS) | started
+            return True
+        elif root == rank:
+            request = comm.Isend(spec, 1 - rank, seq % TAG_MODULUS)
+        else:
+            request = comm.Irecv(spec, root, seq % TAG_MODULUS)
         slot[0] = (seq << CODE_BITS) | started
         test = request.Test
         for _ in polls:
             if test():
                 return True
-        finish(request, seq, buf.nbytes)
+        finish(request, seq, buf.nbytes, (buf, 1 - rank if root == rank else root, root == rank))
         return True
 
     return broadcast
@@ -268,7 +304,7 @@ def _gather(transport, comm, slot, started, finish, polls):
     return gather
 
 
-def _scatter(transport, comm, slot, started, finish, polls):
+def _scatter(transport, comm, slot, started, finish, polls, pair=False):
     rank, size = transport.rank, transport.size
 
     def scatter(seq, limit, out, inp, root):
@@ -288,16 +324,28 @@ def _scatter(transport, comm, slot, started, finish, polls):
                 return False
             if not (out_flags.owndata and inp_flags.owndata and out is not inp) and np.may_share_memory(out, inp):
                 return False
-            send = [inp, BYTE]
+        if not pair:
+            request = comm.Iscatter([inp, BYTE] if root == rank else None, [out, BYTE], root)
+        elif not out.size:  # binomial sends nothing for empty blocks
+            slot[0] = (seq << CODE_BITS) | started
+            return True
+        elif root == rank:  # the other rank's block goes, this rank's is copied (after the send)
+            block = out.size
+            blocks = inp if inp.ndim == 1 else inp.reshape(-1)  # C-contiguous: a view
+            if rank:
+                request = comm.Isend([blocks[:block], BYTE], 0, seq % TAG_MODULUS)
+                (out if out.ndim == 1 else out.reshape(-1))[...] = blocks[block:]
+            else:
+                request = comm.Isend([blocks[block:], BYTE], 1, seq % TAG_MODULUS)
+                (out if out.ndim == 1 else out.reshape(-1))[...] = blocks[:block]
         else:
-            send = None
-        request = comm.Iscatter(send, [out, BYTE], root)
+            request = comm.Irecv([out, BYTE], root, seq % TAG_MODULUS)
         slot[0] = (seq << CODE_BITS) | started
         test = request.Test
         for _ in polls:
             if test():
                 return True
-        finish(request, seq, out.nbytes * size)
+        finish(request, seq, out.nbytes * size, (out, 1 - rank if root == rank else root, root == rank))
         return True
 
     return scatter
@@ -339,3 +387,6 @@ _MAKERS = {
     "reduce_scatter": _reduce_scatter, "alltoall": _alltoall, "gather": _gather, "scatter": _scatter,
     "barrier": _barrier,
 }
+# The collectives whose schedule at two ranks is one message, and the schedule (see make_inline_pair).
+_PAIR_MAKERS = {"broadcast": _broadcast, "scatter": _scatter}
+PAIR_SCHEDULE = "binomial"

@@ -30,9 +30,13 @@ from .polling import wait_all
 if TYPE_CHECKING:
     from ..progress_board import ProgressBoard
 
-__all__ = ["MPINativeCollectives", "as_bytes", "typed", "reduction", "reduce_scatter_specs", "raise_timeout"]
+__all__ = ["MPINativeCollectives", "as_bytes", "typed", "reduction", "reduce_scatter_specs", "raise_timeout",
+           "TAG_MODULUS"]
 
 _SUM, _MIN, _MAX = ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX
+# Point-to-point messages of collective number ``seq`` carry tag ``seq % TAG_MODULUS``
+# (MPITransport.tag; the two-rank fast path sends the same, see mpi_inline.make_inline_pair).
+TAG_MODULUS = 32768
 
 
 def as_bytes(buf):

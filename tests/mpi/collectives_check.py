@@ -10,7 +10,7 @@ import numpy as np
 
 import commlib
 from commlib import InvalidUsageError, ReduceOp
-from inline_checks import check_inline_path
+from inline_checks import check_inline_path, check_pair_paths_match
 from verdict import DTYPES, OPS, Checker
 
 
@@ -104,6 +104,7 @@ def main():
         check.check(sub is None, "non-member gets None from new_group")
 
     check_inline_path(pg, check)
+    check_pair_paths_match(pg, check)
     check.check(commlib.world() is pg and commlib.init() is pg, "init is idempotent")
     check.finish()
 

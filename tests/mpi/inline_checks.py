@@ -5,6 +5,7 @@ collectives_check.py (no mpiexec job of its own).
 Counts, not timing: ``executor.inline_runs`` says which path ran, ``pg.seq`` the numbering.
 """
 
+import itertools
 import threading
 import time
 
@@ -123,6 +124,43 @@ def check_inline_path(pg, check) -> None:
         check.check(executor.inline_runs == runs, f"{name}: ran inline; expected the general path")
         check.check(pg.seq == seq + 1, f"{name}: seq {seq} -> {pg.seq}, expected {seq + 1}")
         check.equal(buf, np.full(4, expected), name)
+
+
+def check_pair_paths_match(pg, check) -> None:
+    """At two ranks broadcast and scatter run our binomial's one message on the fast path; a rank
+    whose call takes the general path (here: ``async_op``) must send and receive the very same
+    message, whichever rank is the root and whichever takes which path."""
+    if pg.size != 2 or pg.debug:
+        return
+    executor, rank = pg.executor, pg.rank
+    for algorithm, general_rank, root in itertools.product(("auto", "binomial"), (0, 1), (0, 1)):
+        general = rank == general_rank
+        for name in ("broadcast", "scatter"):
+            runs = executor.inline_runs
+            if name == "broadcast":
+                out = np.full((2, 3), rank, np.int32)
+                work = pg.broadcast(out, root, algorithm=algorithm, async_op=general)
+                expected = np.full((2, 3), root, np.int32)
+            else:
+                out = np.full(3, -1.0)
+                inp = np.arange(6, dtype=np.float64).reshape(2, 3) * 10 + root if rank == root else None
+                work = pg.scatter(out, inp, root, algorithm=algorithm, async_op=general)
+                expected = (np.arange(3, dtype=np.float64) + 3 * rank) * 10 + root
+            if work is not None:
+                work.wait()
+            what = f"{name} ({algorithm}) from root {root}, rank {general_rank} on the general path"
+            check.equal(out, expected, what)
+            check.check(executor.inline_runs - runs == (0 if general else 1),
+                        f"{what}: rank {rank} ran {executor.inline_runs - runs} inline")
+    # Empty buffers: binomial sends nothing, and neither does the fast path.
+    for root in (0, 1):
+        work = pg.broadcast(np.empty(0, np.float32), root, async_op=rank == root)
+        if work is not None:
+            work.wait()
+        pg.scatter(np.empty(0), np.empty(0) if rank == root else None, root)
+    token = np.array([rank], np.int64)
+    pg.broadcast(token, 1)
+    check.equal(token, np.array([1]), "a broadcast after the empty ones")
 
 
 def _check_results(check, name, when, actual, expected) -> None:
