@@ -49,9 +49,10 @@ def set_up_inline_natives(group) -> None:
         if collective == "allreduce":
             group._allreduce_native_run = native
             native = None
-        pair = transport.inline_pair(collective, group.timeout) if usable else None
+        pair = transport.inline_pair(collective, group.timeout) if usable else None  # (algorithm, run)
+        runs = ([("native", native)] if native is not None else []) + ([pair] if pair is not None else [])
         override = group.config.algorithm_override_for(collective)
-        for algorithm, run in ((("native", native),) if native is not None else ()) + ((pair,) if pair else ()):
+        for algorithm, run in runs:
             fast[algorithm] = runner(run, INLINE_MAX_BYTES)
             auto_bound = leading_bound(group.size, override, collective, algorithm)
             if auto_bound >= 0:

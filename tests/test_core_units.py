@@ -77,7 +77,8 @@ def test_the_fast_paths_limits_follow_the_auto_tables_first_rows():
     assert leading_bound(4, None, "scatter", "binomial") == -1
     assert leading_bound(2, "native", "scatter", "native") == inf  # an override wins at every size
     assert leading_bound(2, "native", "scatter", "binomial") == -1
-    assert leading_bound(1, None, "broadcast", "native") == inf and leading_bound(1, None, "broadcast", "binomial") == -1
+    assert leading_bound(1, None, "broadcast", "native") == inf
+    assert leading_bound(1, None, "broadcast", "binomial") == -1
 
 
 def test_validation_messages_say_what_was_expected():
