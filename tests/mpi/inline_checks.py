@@ -77,6 +77,7 @@ def check_inline_path(pg, check) -> None:
     fast = pg.size > 1 and not pg.debug  # one rank: nothing to gain; debug mode: fingerprints first
     for name, issue, results in small_calls(pg):
         # 1. Nothing in line: the fast path runs it, numbered next.
+        wait_for_empty_line(executor)
         runs, seq = executor.inline_runs, pg.seq
         issue()
         check.check(executor.inline_runs - runs == (1 if fast else 0),
@@ -136,6 +137,7 @@ def check_pair_paths_match(pg, check) -> None:
     for algorithm, general_rank, root in itertools.product(("auto", "binomial"), (0, 1), (0, 1)):
         general = rank == general_rank
         for name in ("broadcast", "scatter"):
+            wait_for_empty_line(executor)
             runs = executor.inline_runs
             if name == "broadcast":
                 out = np.full((2, 3), rank, np.int32)
@@ -161,6 +163,15 @@ def check_pair_paths_match(pg, check) -> None:
     token = np.array([rank], np.int64)
     pg.broadcast(token, 1)
     check.equal(token, np.array([1]), "a broadcast after the empty ones")
+
+
+def wait_for_empty_line(executor) -> None:
+    """Until the comm thread has counted off what it ran: it completes a Work (waking its waiter)
+    before it takes the entry off the line, so a call right after ``wait()`` may still find the
+    line busy and (rightly) take the general path. Bounded."""
+    deadline = time.monotonic() + GATE_SECONDS
+    while executor.pending() and time.monotonic() < deadline:
+        time.sleep(1e-4)
 
 
 def _check_results(check, name, when, actual, expected) -> None:
