@@ -227,7 +227,8 @@ class SharedMemoryTransport(Transport):
         (``prepare``, views kept in ``self.memo``) when the kind changes.
         """
         transport, size = self, self.size
-        peers, own, wait = self._peer_controls, self._own_control, self._wait
+        # The round spins its spin_polls itself (below), then goes straight to the yielding wait.
+        peers, own, wait = self._peer_controls, self._own_control, self._wait_yielding
         board = self.progress_board
         progress_slot = board.mine_slot if board is not None and board.mine_slot is not None else [0]
         fence_acquire, fence_release, loads_in_order = _fence_acquire, _fence_release, LOADS_IN_ORDER
@@ -296,8 +297,9 @@ class SharedMemoryTransport(Transport):
                 transport.inline_seq = seq  # the context, should it be needed (see _current_context)
             for peer, control in peers:
                 if control[signal] < epoch:
-                    # Spin here first: the rank that waits is the one whose exit is timed, and a
-                    # call into _wait and back lies on its path after the peer's signal.
+                    # Spin here, not in _wait: the rank that waits is the one whose exit is
+                    # timed, and a call and its return would lie on its path after the peer's
+                    # signal. Only a wait that outlasts the spin goes on to yield.
                     for _ in spin:
                         if control[signal] >= epoch:
                             break
