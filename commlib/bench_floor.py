@@ -22,7 +22,8 @@ from typing import Callable
 
 import numpy as np
 
-from .algorithms.shm_twoshot import CHUNK_BYTES, CHUNK_BYTES_MANY, COPY_BYTES, chunk_spans, round_slices
+from .algorithms.shm_twoshot import (CHUNK_BYTES, CHUNK_BYTES_MANY, COPY_BYTES, chunk_spans, copy_in_pieces,
+                                     round_slices)
 from .ops import ReduceOp, ufunc_name
 
 __all__ = ["FLOOR_NAME", "twoshot_floor"]
@@ -48,10 +49,11 @@ def twoshot_floor(buf: np.ndarray, standin: np.ndarray, rank: int, size: int, op
         # Each other slice is filled from this rank's own: (destination lo, hi, source lo) pieces,
         # the own slice again for the element a longer slice has beyond it.
         mine_count = mine_hi - mine_lo
-        copies = []
+        copies = []  # (destination, source) views of equal length
         for peer, (lo, hi) in enumerate(slices):
-            for start in range(lo, hi, mine_count) if peer != rank and mine_count else ():
-                copies.append((start, min(start + mine_count, hi), mine_lo))
+            for first in range(lo, hi, mine_count) if peer != rank and mine_count else ():
+                count = min(mine_count, hi - first)
+                copies.append((piece[first:first + count], piece[mine_lo:mine_lo + count]))
         rounds.append((piece, other, chunk_spans((mine_lo, mine_hi), chunk_elems), copies))
     reads = max(1, size - 1)
 
@@ -61,9 +63,7 @@ def twoshot_floor(buf: np.ndarray, standin: np.ndarray, rank: int, size: int, op
                 out = piece[lo:hi]
                 for _ in range(reads):
                     combine(out, other[lo:hi], out=out)
-            for lo, hi, source in copies:
-                for start in range(lo, hi, copy_elems):
-                    stop = min(start + copy_elems, hi)
-                    piece[start:stop] = piece[source + start - lo:source + stop - lo]
+            for destination, source in copies:  # in the two-shot's cache-sized pieces
+                copy_in_pieces(destination, source, 0, destination.size, copy_elems)
 
     return run

@@ -48,7 +48,7 @@ from ..transports.shm import kind_code
 from .partition import Span, split_bounds
 
 __all__ = ["allreduce_shm_twoshot", "round_slices", "chunk_spans", "reduce_order", "gather_order",
-           "CHUNK_BYTES"]
+           "copy_in_pieces", "CHUNK_BYTES"]
 
 # Measured (P=2, 64 MiB, both ranks on the 2 cores, L2 1 MiB per core, L3 32 MiB shared): the
 # reduce-scatter of a 32 MiB slice took 1.63 ms in one call, 1.78 ms in 256 KiB chunks (the
@@ -110,7 +110,7 @@ def allreduce_shm_twoshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
             mine = staging[:piece.nbytes].view(dtype)
             for peer in gather_order(rank, size):  # what the peers will read of this rank's data
                 lo, hi = slices[peer]
-                _copy(mine, piece, lo, hi, copy_elems)
+                copy_in_pieces(mine, piece, lo, hi, copy_elems)
         transport.arrive(epoch, offset, piece.nbytes, kind, total_bytes)
         data = transport.arrivals(epoch, piece.nbytes, kind, total_bytes, dtype)
 
@@ -125,26 +125,26 @@ def allreduce_shm_twoshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
                 out /= size
             if slice_hook is None:
                 if in_place is None:
-                    _copy(piece, mine, lo, hi, copy_elems)
+                    copy_in_pieces(piece, mine, lo, hi, copy_elems)
                 transport.publish_progress(epoch, index + 1)
         if slice_hook is not None:
             lo, hi = slices[rank]
             slice_hook(mine[lo:hi])
             if in_place is None:
-                _copy(piece, mine, lo, hi, copy_elems)
+                copy_in_pieces(piece, mine, lo, hi, copy_elems)
             transport.publish_progress(epoch, len(chunks))
         for peer in gather_order(rank, size):
             source = data[peer]
             spans = chunk_spans(slices[peer], chunk_elems)
             for index, (lo, hi) in enumerate(spans):
                 transport.wait_progress(peer, epoch, index + 1 if slice_hook is None else len(spans))
-                _copy(piece, source, lo, hi, copy_elems)
+                copy_in_pieces(piece, source, lo, hi, copy_elems)
         transport.depart()
     if in_place is not None:
         transport.wait_departed(epoch)
 
 
-def _copy(destination, source, lo: int, hi: int, copy_elems: int) -> None:
+def copy_in_pieces(destination, source, lo: int, hi: int, copy_elems: int) -> None:
     """``destination[lo:hi] = source[lo:hi]`` in cache-sized pieces (a single large copy takes
     glibc's non-temporal path, which was 1.5x slower here)."""
     for start in range(lo, hi, copy_elems):
