@@ -25,9 +25,10 @@ _SUM = ReduceOp.SUM
 _AVG = ReduceOp.AVG
 
 
-def algorithm_task(fn, args: tuple, segment_bytes: int, *, average=None, size: int = 1):
-    """``run(transport)``, the task ``_issue`` runs: algorithm ``fn`` on ``args``, then
-    ``average /= size`` when given (AVG, where the algorithm summed).
+def algorithm_task(fn, args: tuple, segment_bytes: int, *, average=None, size: int = 1, shared=None):
+    """``run(transport)``, the task ``_issue`` runs: algorithm ``fn`` on ``args`` (against the
+    shared-memory transport ``shared`` when it needs one), then ``average /= size`` when given
+    (AVG, where the algorithm summed).
 
     A function of its own rather than a closure in each method: a method whose body defines a
     closure creates the cells of every variable the closure captures on each call, before its
@@ -35,7 +36,7 @@ def algorithm_task(fn, args: tuple, segment_bytes: int, *, average=None, size: i
     tenth of a microsecond per collective).
     """
     def run(transport):
-        fn(transport, *args, segment_bytes=segment_bytes)
+        fn(shared or transport, *args, segment_bytes=segment_bytes)
         if average is not None:
             average[...] /= size
 
@@ -49,6 +50,7 @@ class CollectiveMethods:
     segment_bytes: int
     _issue: Callable[..., Any]
     resolve_algorithm: Callable[..., str]
+    _shared_memory_for: Callable[..., Any]
     # The small-message fast paths by algorithm, ``runner(*args) -> ran`` (set by
     # commlib/group_inline.py).
     _broadcast_inline: Dict[str, Callable[..., bool]]
@@ -67,8 +69,8 @@ class CollectiveMethods:
             return None
         flat = check_buffer(buf, "broadcast")
         root = check_root(root, self.size, "broadcast")
-        name, fn = self._algorithm("broadcast", algorithm, flat.nbytes, buf)
-        run = algorithm_task(fn, (flat, root), self.segment_bytes)
+        name, fn, shared = self._algorithm("broadcast", algorithm, flat.nbytes, buf)
+        run = algorithm_task(fn, (flat, root), self.segment_bytes, shared=shared)
         return self._issue("broadcast", run, flat.nbytes, async_op, buf, name,
                            CallFingerprint(flat.dtype, buf.shape, "", root, name), kind_of=buf)
 
@@ -81,9 +83,9 @@ class CollectiveMethods:
         flat = check_buffer(buf, "reduce")
         check_op(op, flat.dtype, "reduce")
         root = check_root(root, self.size, "reduce")
-        name, fn = self._algorithm("reduce", algorithm, flat.nbytes, buf)
+        name, fn, shared = self._algorithm("reduce", algorithm, flat.nbytes, buf)
         combine = _SUM if op is _AVG else op
-        run = algorithm_task(fn, (flat, root, combine), self.segment_bytes,
+        run = algorithm_task(fn, (flat, root, combine), self.segment_bytes, shared=shared,
                              average=flat if op is _AVG and self.rank == root else None, size=self.size)
         return self._issue("reduce", run, flat.nbytes, async_op, buf, name,
                            CallFingerprint(flat.dtype, buf.shape, op.name, root, name), kind_of=buf)
@@ -95,8 +97,8 @@ class CollectiveMethods:
             return None
         flat_out, flat_inp = self._out_and_inp("allgather", out, inp)
         self._check_size("allgather", "out", flat_out.size, "inp", flat_inp.size)
-        name, fn = self._algorithm("allgather", algorithm, flat_out.nbytes, out)
-        run = algorithm_task(fn, (flat_out, flat_inp), self.segment_bytes)
+        name, fn, shared = self._algorithm("allgather", algorithm, flat_out.nbytes, out)
+        run = algorithm_task(fn, (flat_out, flat_inp), self.segment_bytes, shared=shared)
         return self._issue("allgather", run, flat_out.nbytes, async_op, out, name,
                            CallFingerprint(flat_inp.dtype, inp.shape, "", -1, name), kind_of=out)
 
@@ -109,9 +111,9 @@ class CollectiveMethods:
         flat_out, flat_inp = self._out_and_inp("reduce_scatter", out, inp)
         check_op(op, flat_out.dtype, "reduce_scatter")
         self._check_size("reduce_scatter", "inp", flat_inp.size, "out", flat_out.size)
-        name, fn = self._algorithm("reduce_scatter", algorithm, flat_inp.nbytes, out)
+        name, fn, shared = self._algorithm("reduce_scatter", algorithm, flat_inp.nbytes, out)
         combine = _SUM if op is _AVG else op
-        run = algorithm_task(fn, (flat_out, flat_inp, combine), self.segment_bytes,
+        run = algorithm_task(fn, (flat_out, flat_inp, combine), self.segment_bytes, shared=shared,
                              average=flat_out if op is _AVG else None, size=self.size)
         return self._issue("reduce_scatter", run, flat_inp.nbytes, async_op, out, name,
                            CallFingerprint(flat_inp.dtype, inp.shape, op.name, -1, name), kind_of=out)
@@ -127,8 +129,8 @@ class CollectiveMethods:
                 f"alltoall: inp has {flat_inp.size} and out {flat_out.size} elements; expected the same "
                 f"size, a multiple of the world size {self.size} (one equal block per rank; alltoallv "
                 f"takes unequal ones)")
-        name, fn = self._algorithm("alltoall", algorithm, flat_inp.nbytes, out)
-        run = algorithm_task(fn, (flat_out, flat_inp), self.segment_bytes)
+        name, fn, shared = self._algorithm("alltoall", algorithm, flat_inp.nbytes, out)
+        run = algorithm_task(fn, (flat_out, flat_inp), self.segment_bytes, shared=shared)
         return self._issue("alltoall", run, flat_inp.nbytes, async_op, out, name,
                            CallFingerprint(flat_inp.dtype, inp.shape, "", -1, name), kind_of=out)
 
@@ -142,9 +144,9 @@ class CollectiveMethods:
         flat_out, flat_inp = self._out_and_inp("alltoallv", out, inp)
         out_counts = check_counts(out_counts, self.size, "alltoallv", "out_counts", flat_out.size, "out")
         in_counts = check_counts(in_counts, self.size, "alltoallv", "in_counts", flat_inp.size, "inp")
-        name, fn = self._algorithm("alltoallv", algorithm, 0, out)
+        name, fn, shared = self._algorithm("alltoallv", algorithm, 0, out)
         self._agree_on_counts(out_counts, in_counts)
-        run = algorithm_task(fn, (flat_out, flat_inp, out_counts, in_counts), self.segment_bytes)
+        run = algorithm_task(fn, (flat_out, flat_inp, out_counts, in_counts), self.segment_bytes, shared=shared)
         return self._issue("alltoallv", run, flat_inp.nbytes, async_op, out, name,
                            CallFingerprint(flat_inp.dtype, ("v",), "", -1, name), kind_of=out)
 
@@ -159,8 +161,8 @@ class CollectiveMethods:
         if self.rank == root:
             flat_out, flat_inp = self._out_and_inp("gather", out, inp, needed_on=f"the root (rank {root})")
             self._check_size("gather", "out", flat_out.size, "inp", flat_inp.size)
-        name, fn = self._algorithm("gather", algorithm, flat_inp.nbytes * self.size, inp)
-        run = algorithm_task(fn, (flat_out, flat_inp, root), self.segment_bytes)
+        name, fn, shared = self._algorithm("gather", algorithm, flat_inp.nbytes * self.size, inp)
+        run = algorithm_task(fn, (flat_out, flat_inp, root), self.segment_bytes, shared=shared)
         return self._issue("gather", run, flat_inp.nbytes * self.size, async_op, out, name,
                            CallFingerprint(flat_inp.dtype, inp.shape, "", root, name), kind_of=inp)
 
@@ -175,8 +177,8 @@ class CollectiveMethods:
         if self.rank == root:
             flat_out, flat_inp = self._out_and_inp("scatter", out, inp, needed_on=f"the root (rank {root})")
             self._check_size("scatter", "inp", flat_inp.size, "out", flat_out.size)
-        name, fn = self._algorithm("scatter", algorithm, flat_out.nbytes * self.size, out)
-        run = algorithm_task(fn, (flat_out, flat_inp, root), self.segment_bytes)
+        name, fn, shared = self._algorithm("scatter", algorithm, flat_out.nbytes * self.size, out)
+        run = algorithm_task(fn, (flat_out, flat_inp, root), self.segment_bytes, shared=shared)
         return self._issue("scatter", run, flat_out.nbytes * self.size, async_op, out, name,
                            CallFingerprint(flat_out.dtype, out.shape, "", root, name), kind_of=out)
 
@@ -185,15 +187,20 @@ class CollectiveMethods:
         fast = self._barrier_inline.get(algorithm)
         if fast is not None and not async_op and fast():
             return None
-        name, fn = self._algorithm("barrier", algorithm, 0, None)
-        run = algorithm_task(fn, (), self.segment_bytes)
+        name, fn, shared = self._algorithm("barrier", algorithm, 0, None)
+        run = algorithm_task(fn, (), self.segment_bytes, shared=shared)
         return self._issue("barrier", run, 0, async_op, None, name, CallFingerprint(None, (), "", -1, name))
 
     # -- shared checks -------------------------------------------------------------------------
     def _algorithm(self, collective: str, algorithm, nbytes: int, buf):
+        """``(name, fn, shared)``: the algorithm to run, and the shared-memory transport it needs
+        (None for the others; InvalidUsageError where it cannot have one)."""
         on_gpu = buf is not None and buf.__class__ is not np.ndarray
         name = self.resolve_algorithm(algorithm, nbytes, on_gpu, collective=collective)
-        return name, _algorithms.get_algorithm(name, collective)
+        fn = _algorithms.get_algorithm(name, collective)
+        if getattr(fn, "requires_shared_memory", False):
+            return name, fn, self._shared_memory_for(name, buf, collective)
+        return name, fn, None
 
     def _out_and_inp(self, collective: str, out, inp, needed_on: str = ""):
         for name, buf in (("out", out), ("inp", inp)):

@@ -56,8 +56,9 @@ class SharedMemoryMethods:
         """Whether ``flat`` lives in this group's shared memory on this rank (for ``"auto"``)."""
         return self._shm is not None and flat.__class__ is np.ndarray and self._shm.locate(flat) is not None
 
-    def _shared_memory_for(self, name: str, buf):
-        """The shared-memory transport for algorithm ``name``, or InvalidUsageError saying why not."""
+    def _shared_memory_for(self, name: str, buf, collective: str = "allreduce"):
+        """The shared-memory transport for ``collective``'s algorithm ``name``, or
+        InvalidUsageError saying why not."""
         if self._shm is not None and buf.__class__ is np.ndarray:
             return self._shm
         if buf.__class__ is not np.ndarray and array_kind(buf) != "numpy":
@@ -71,5 +72,5 @@ class SharedMemoryMethods:
                    f"algorithm or 'auto'")
         else:  # one rank: nothing to reduce, a valid call
             return self.host_memory.transport
-        raise InvalidUsageError(f"allreduce: algorithm {name!r} reads the peers' memory directly, "
+        raise InvalidUsageError(f"{collective}: algorithm {name!r} reads the peers' memory directly, "
                                 f"so only within one host: {why}")

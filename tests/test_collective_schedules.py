@@ -248,7 +248,10 @@ MATRICES = {"broadcast": broadcast_matrix, "reduce": reduce_matrix, "allgather":
             "reduce_scatter": reduce_scatter_matrix, "alltoall": alltoall_matrix,
             "alltoallv": alltoallv_matrix, "gather": gather_matrix, "scatter": scatter_matrix,
             "barrier": barrier_matrix}
-CASES = [(collective, name) for collective in MATRICES for name in algorithm_names(collective)]
+# The shared-memory ones need a transport with direct access to the peers' memory: on threads
+# in test_shm_movers.py, under mpiexec in tests/mpi/shm_check.py and collective_algorithms_check.py.
+CASES = [(collective, name) for collective in MATRICES for name in algorithm_names(collective)
+         if not getattr(get_algorithm(name, collective), "requires_shared_memory", False)]
 
 
 @pytest.mark.parametrize("collective,name", CASES)
@@ -501,7 +504,7 @@ def test_pipelined_schedules_use_segments_of_scratch_not_a_buffer_copy():
 def test_the_registry_lists_every_collectives_algorithms():
     import commlib
 
-    assert commlib.algorithms("allgather") == ["bruck", "native", "recursive_doubling", "ring"]
+    assert commlib.algorithms("allgather") == ["bruck", "native", "recursive_doubling", "ring", "shm_direct"]
     assert commlib.algorithms() == commlib.algorithms("allreduce")
     assert "binomial" in commlib.algorithms("broadcast") and "dissemination" in commlib.algorithms("barrier")
 

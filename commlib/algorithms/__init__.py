@@ -40,9 +40,10 @@ ignores it. The calling convention of each collective:
     Returns on a rank only after every rank has entered.
 
 ``ReduceOp.AVG`` never reaches an algorithm (the group runs SUM and divides once) unless the
-function says ``folds_average = True`` (it divides while the data is in cache). An allreduce
-function with ``requires_shared_memory = True`` reads its peers' memory: the group hands it its
-shared-memory transport, and only on a group within one host. Register one
+function says ``folds_average = True`` (it divides while the data is in cache). A
+function with ``requires_shared_memory = True`` (allreduce's ``shm_*``, the data movers'
+``shm_direct``) reads its peers' memory: the group hands it its shared-memory transport, and only
+on a group within one host. Register one
 from anywhere (a research script, a plugin)::
 
     from commlib.algorithms import register_algorithm
@@ -137,6 +138,12 @@ _BUILTINS = (
     ("gather", "binomial", "gather_binomial", "gather_binomial"),
     ("scatter", "binomial", "scatter_binomial", "scatter_binomial"),
     ("barrier", "dissemination", "barrier_dissemination", "barrier_dissemination"),
+    # The data movers by direct copies from the peers' memory on one host (shared memory).
+    ("broadcast", "shm_direct", "shm_direct", "broadcast_shm_direct"),
+    ("allgather", "shm_direct", "shm_direct", "allgather_shm_direct"),
+    ("gather", "shm_direct", "shm_direct", "gather_shm_direct"),
+    ("scatter", "shm_direct", "shm_direct", "scatter_shm_direct"),
+    ("alltoall", "shm_direct", "shm_direct", "alltoall_shm_direct"),
 )
 
 

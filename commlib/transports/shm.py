@@ -55,7 +55,7 @@ from ..ops import DTYPE_IS_FLOAT, ReduceOp, ufunc_name
 from ..shared_memory import PAGE_BYTES, fence, fence_lock
 from .interface import Pending, Transfer, Transport, format_bytes
 
-__all__ = ["SharedMemoryTransport", "SegmentLayout", "kind_code"]
+__all__ = ["SharedMemoryTransport", "SegmentLayout", "kind_code", "move_kind_code"]
 
 # Control words (int64 indices into a segment's control page); one 64-byte line each.
 ARRIVE = 0          # epoch; descriptor at ARRIVE + 2 + 4 * (epoch & 1), see arrive()
@@ -89,6 +89,7 @@ LIVENESS_EVERY_SECONDS = 0.1
 
 _fence_acquire, _fence_release = fence_lock.acquire, fence_lock.release  # fence(), without a call
 _CHUNKS_MASK = (1 << PROGRESS_BITS) - 1
+_BYTE = np.dtype(np.uint8)
 _TOTAL_MASK = (1 << 44) - 1  # a slot signature: kind_code << 44 | the collective's total bytes
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(DTYPE_IS_FLOAT, start=1)}
 _OP_CODES = {op: code for code, op in enumerate(ReduceOp, start=1)}
@@ -99,7 +100,21 @@ def kind_code(dtype, op: ReduceOp) -> int:
     return (_DTYPE_CODES[dtype] << 8) | _OP_CODES[op]
 
 
+# The data-movement collectives (shm_direct) compare which collective, not a dtype and op: they
+# move bytes. Above every kind_code (dtype codes < 256).
+_MOVE_KINDS = ("broadcast", "allgather", "gather", "scatter", "alltoall")
+_MOVE_KIND_BASE = 1 << 16
+
+
+def move_kind_code(collective: str) -> int:
+    """The kind word of a data-movement collective, compared across ranks at arrival."""
+    return _MOVE_KIND_BASE + _MOVE_KINDS.index(collective)
+
+
 def _describe_kind(code: int) -> str:
+    if code >= _MOVE_KIND_BASE:
+        index = code - _MOVE_KIND_BASE
+        return f"{_MOVE_KINDS[index] if index < len(_MOVE_KINDS) else '?'} bytes"
     dtypes = {value: key for key, value in _DTYPE_CODES.items()}
     ops = {value: key for key, value in _OP_CODES.items()}
     dtype, op = dtypes.get(code >> 8), ops.get(code & 0xFF)
@@ -371,6 +386,14 @@ class SharedMemoryTransport(Transport):
 
     def arrivals(self, epoch: int, nbytes: int, kind: int, total_bytes: int, dtype) -> List[np.ndarray]:
         """Wait until every rank arrived at ``epoch``; every rank's offered array, in rank order."""
+        count = nbytes // dtype.itemsize
+        view = self._view
+        return [view(peer, offset, count, dtype)
+                for peer, offset in enumerate(self.offers(epoch, nbytes, kind, total_bytes))]
+
+    def offers(self, epoch: int, nbytes: int, kind: int, total_bytes: int) -> List[int]:
+        """Wait until every rank arrived at ``epoch`` (checking that all offer the same ``nbytes``,
+        ``kind`` and ``total_bytes``); the offset each offered in its segment, in rank order."""
         controls = self._controls
         for peer, control in self._peer_controls:
             if control[ARRIVE] < epoch:
@@ -378,16 +401,22 @@ class SharedMemoryTransport(Transport):
         if not LOADS_IN_ORDER:
             fence()
         base = ARRIVE + 2 + 4 * (epoch & 1)
-        count = nbytes // dtype.itemsize
-        views = []
-        view = self._view
+        offsets = []
         for peer in range(self.size):
             control = controls[peer]
             if (control[base + 1] != nbytes or control[base + 2] != kind
                     or control[base + 3] != total_bytes):
                 self._mismatch(peer, control[base + 3], control[base + 2], total_bytes, kind)
-            views.append(view(peer, control[base], count, dtype))
-        return views
+            offsets.append(control[base])
+        return offsets
+
+    def peer_bytes(self, peer: int, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes ``[offset, offset + nbytes)`` of ``peer``'s segment (CommError if outside it)."""
+        return self._view(peer, offset, nbytes, _BYTE)
+
+    def staging_offset(self, epoch: int) -> int:
+        """Where every rank's staging half for ``epoch`` starts in its segment."""
+        return self._areas[2 + (epoch & 1)][0]
 
     def _view(self, peer: int, offset: int, count: int, dtype) -> np.ndarray:
         key = (peer, offset, count, dtype)

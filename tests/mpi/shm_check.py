@@ -1,11 +1,14 @@
 """mpiexec -n P python tests/mpi/shm_check.py [off]
 
-The shared-memory allreduce under real processes (run with tiny slots and staging halves, so
+The shared-memory collectives under real processes (run with tiny slots and staging halves, so
 short inputs take many rounds, see test_shm.py): every dtype x op x odd size for shm_oneshot,
 shm_twoshot and auto, on plain buffers, symmetric buffers (``pg.alloc``) and a mix of both
 (explicit algorithms); random floats end with the same bytes on every rank; the inline small
 path stays in step with the general path, MPI collectives and async work; ``alloc`` agrees,
 reuses freed places and refuses what cannot be; no segment file is left in /dev/shm.
+The data movers' ``shm_direct`` (broadcast, allgather, gather, scatter, alltoall): random bytes of
+odd sizes from plain, symmetric and mixed sources, every root, arrive bit for bit; a symmetric
+source rewritten right after each call never reaches a peer.
 ``off`` (run with COMMLIB_SHM=0): no shared memory, and the shm_* algorithms and ``alloc`` say so.
 """
 
@@ -39,6 +42,65 @@ def check_shared_memory_off(pg, check):
     pg.allreduce(buf)
     check.equal(buf, np.full(1000, pg.size * (pg.size + 1) / 2), "auto allreduce without shared memory")
     check.finish()
+
+
+def random_bytes(seed, count, dtype):
+    return np.random.default_rng(seed).integers(0, 256, count * dtype.itemsize, dtype=np.uint8).view(dtype)
+
+
+def check_data_movers(pg, check):
+    """shm_direct and auto for each data mover x plain / symmetric / mixed (symmetric on even
+    ranks) sources x odd sizes (staging halves of 1 KiB: several rounds) x every root."""
+    rank, size = pg.rank, pg.size
+    calls = 0
+    for dtype in (np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.int64)):
+        for count in sorted({0, 1, size + 1, 301, 1201}):
+            for kind in ("plain", "symmetric", "mixed"):
+                def source(n, seed):
+                    # Collective: every rank allocates (pg.alloc), only some use it.
+                    shared = pg.alloc(n, dtype)
+                    array = shared if kind == "symmetric" or (kind == "mixed" and rank % 2 == 0) else np.empty(n, dtype)
+                    array[...] = random_bytes(seed, n, dtype)
+                    return array
+
+                blocks = [random_bytes(1000 * r + count, count, dtype) for r in range(size)]
+                label = f"{dtype} n={count} {kind}"
+                for algorithm in ("shm_direct", "auto"):
+                    inp = source(count, 1000 * rank + count)
+                    out = np.empty(count * size, dtype)
+                    pg.allgather(out, inp, algorithm=algorithm)
+                    check.equal(out.view(np.uint8), np.concatenate(blocks).view(np.uint8), f"allgather {label}")
+                    matrices = [random_bytes(7000 + 100 * r + count, count * size, dtype) for r in range(size)]
+                    inp = source(count * size, 7000 + 100 * rank + count)
+                    pg.alltoall(out, inp, algorithm=algorithm)
+                    expected = np.concatenate([m[rank * count:(rank + 1) * count] for m in matrices])
+                    check.equal(out.view(np.uint8), expected.view(np.uint8), f"alltoall {label}")
+                    calls += 2
+                    for root in range(size):
+                        buf = source(count, 1000 * rank + count)
+                        pg.broadcast(buf, root, algorithm=algorithm)
+                        check.equal(buf.view(np.uint8), blocks[root].view(np.uint8), f"broadcast {label} root {root}")
+                        inp = source(count, 1000 * rank + count)
+                        gathered = np.empty(count * size, dtype) if rank == root else None
+                        pg.gather(gathered, inp, root, algorithm=algorithm)
+                        if rank == root:
+                            check.equal(gathered.view(np.uint8), np.concatenate(blocks).view(np.uint8),
+                                        f"gather {label} root {root}")
+                        whole = source(count * size, 7000 + 100 * root + count)
+                        part = np.empty(count, dtype)
+                        pg.scatter(part, whole if rank == root else None, root, algorithm=algorithm)
+                        mine = matrices[root][rank * count:(rank + 1) * count]
+                        check.equal(part.view(np.uint8), mine.view(np.uint8), f"scatter {label} root {root}")
+                        calls += 3
+    # A symmetric source may be written as soon as the call returns: no peer may still read it.
+    buf = pg.alloc(3001, np.int32)
+    out = np.empty(3001 * size, np.int32)
+    for step in range(20):
+        buf[...] = rank * 100 + step
+        pg.allgather(out, buf, algorithm="shm_direct")
+        buf[...] = -1  # would show up in a peer's out had it still been reading
+        check.equal(out, np.repeat(np.arange(size) * 100 + step, 3001), f"symmetric source rewritten #{step}")
+    check.check(calls > 0, "the data movers ran")
 
 
 def main():
@@ -157,6 +219,7 @@ def main():
                  match="unsupported dtype")
     check.raises(InvalidUsageError, lambda: pg.alloc((2, -1), np.float32), "alloc of a negative shape",
                  match="negative")
+    check_data_movers(pg, check)
     pg.barrier()
     check.finish()
 

@@ -1,0 +1,155 @@
+"""The data movers' ``shm_direct`` (broadcast, allgather, gather, scatter, alltoall) on P threads
+of one process, each with a shared-memory transport over the same segments (see
+test_shm_schedules.py's SharedWorld): tiny staging halves so every size takes many rounds and
+chunks; plain, symmetric and mixed sources; size mismatches and a missing rank end in named
+errors. Under real mpiexec: tests/mpi/shm_check.py and collective_algorithms_check.py."""
+
+import numpy as np
+import pytest
+
+from commlib import CollectiveMismatchError, CommTimeoutError
+from commlib.algorithms import get_algorithm
+from test_shm_schedules import SharedWorld
+
+DTYPES = [np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.int64)]
+
+
+def random_bytes(seed, count, dtype):
+    return np.random.default_rng(seed).integers(0, 256, count * dtype.itemsize, dtype=np.uint8).view(dtype)
+
+
+class Sources:
+    """Per-rank source arrays: in the symmetric heap (every rank, or even ranks for "mixed") or plain."""
+
+    def __init__(self, world, size, kind):
+        self.world, self.size, self.kind = world, size, kind
+
+    def make(self, count, dtype, seeds):
+        shared = self.world.symmetric(count, dtype)
+        arrays = []
+        for rank in range(self.size):
+            symmetric = self.kind == "symmetric" or (self.kind == "mixed" and rank % 2 == 0)
+            array = shared[rank] if symmetric else np.empty(count, dtype)
+            array[...] = random_bytes(seeds[rank], count, dtype)
+            arrays.append(array)
+        return arrays
+
+
+@pytest.mark.parametrize("size", range(1, 7))
+def test_every_mover_delivers_bit_for_bit_from_plain_symmetric_and_mixed_sources(size):
+    world = SharedWorld(size, staging_bytes=256)  # a page: rounds of 4 KiB over all blocks
+    calls, checks = [], []
+    for dtype in DTYPES:
+        for count in sorted({0, 1, max(size - 1, 1), size, 7 * size + 3, 1500}):
+            for kind in ("plain", "symmetric", "mixed"):
+                sources = Sources(world, size, kind)
+                label = f"p={size} {dtype} n={count} {kind}"
+                blocks = [random_bytes(100 * r + count, count, dtype) for r in range(size)]
+                matrices = [random_bytes(9000 + r, count * size, dtype) for r in range(size)]
+
+                inp = sources.make(count, dtype, [100 * r + count for r in range(size)])
+                outs = [np.zeros(count * size, dtype) for _ in range(size)]
+                calls.append(lambda t, inp=inp, outs=outs: get_algorithm("shm_direct", "allgather")(
+                    t, outs[t.rank], inp[t.rank], segment_bytes=8))
+                checks += [(f"allgather {label} rank {r}", outs[r], np.concatenate(blocks)) for r in range(size)]
+
+                inp = sources.make(count * size, dtype, [9000 + r for r in range(size)])
+                outs = [np.zeros(count * size, dtype) for _ in range(size)]
+                calls.append(lambda t, inp=inp, outs=outs: get_algorithm("shm_direct", "alltoall")(
+                    t, outs[t.rank], inp[t.rank], segment_bytes=8))
+                checks += [(f"alltoall {label} rank {r}", outs[r],
+                            np.concatenate([m[r * count:(r + 1) * count] for m in matrices])) for r in range(size)]
+
+                for root in sorted({0, size - 1}):
+                    bufs = sources.make(count, dtype, [100 * r + count for r in range(size)])
+                    calls.append(lambda t, bufs=bufs, root=root: get_algorithm("shm_direct", "broadcast")(
+                        t, bufs[t.rank], root, segment_bytes=8))
+                    checks += [(f"broadcast {label} root {root} rank {r}", bufs[r], blocks[root]) for r in range(size)]
+
+                    inp = sources.make(count, dtype, [100 * r + count for r in range(size)])
+                    gathered = np.zeros(count * size, dtype)
+                    calls.append(lambda t, inp=inp, root=root, gathered=gathered: get_algorithm("shm_direct", "gather")(
+                        t, gathered if t.rank == root else None, inp[t.rank], root, segment_bytes=8))
+                    checks.append((f"gather {label} root {root}", gathered, np.concatenate(blocks)))
+
+                    whole = sources.make(count * size, dtype, [9000 + r for r in range(size)])
+                    parts = [np.zeros(count, dtype) for _ in range(size)]
+                    calls.append(lambda t, whole=whole, root=root, parts=parts: get_algorithm("shm_direct", "scatter")(
+                        t, parts[t.rank], whole[root] if t.rank == root else None, root, segment_bytes=8))
+                    checks += [(f"scatter {label} root {root} rank {r}", parts[r],
+                                matrices[root][r * count:(r + 1) * count]) for r in range(size)]
+
+    world.run(lambda transport: [call(transport) for call in calls])
+    for what, actual, expected in checks:
+        assert actual.tobytes() == expected.tobytes(), what
+
+
+def test_every_rank_has_its_share_in_every_round_of_an_alltoall():
+    """Rounds cover the same part of every block: with rounds over the source's first bytes, the
+    ranks that read the later blocks would wait through the early rounds (measured: a 64 MiB
+    alltoall on symmetric buffers took 9.2 ms against MPI's 3.9 before, 6.3 against 6.4 after)."""
+    size, count = 4, 3000
+    world = SharedWorld(size, staging_bytes=4096)
+    copies = {rank: [] for rank in range(size)}
+    inp = [np.full(count * size, rank, np.uint8) for rank in range(size)]
+    outs = [np.zeros(count * size, np.uint8) for _ in range(size)]
+
+    def body(transport):
+        real_depart = transport.depart
+
+        def depart():  # count the bytes of out this rank has filled by the end of each round
+            copies[transport.rank].append(int(np.count_nonzero(outs[transport.rank] != 0)))
+            real_depart()
+
+        transport.depart = depart
+        get_algorithm("shm_direct", "alltoall")(transport, outs[transport.rank], inp[transport.rank],
+                                                segment_bytes=1 << 20)
+
+    world.run(body)
+    for rank in range(size):
+        assert outs[rank].tolist() == np.repeat(np.arange(size), count).tolist()
+        filled = copies[rank]
+        assert len(filled) == 3  # 3000 bytes per block, 1 KiB of each block per 4 KiB round
+        # Rank 0's own block is zeros; the others' fill in every round.
+        assert all(later > earlier for earlier, later in zip([0] + filled, filled)), (rank, filled)
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "allgather", "alltoall"])
+def test_a_rank_passing_another_size_gets_a_mismatch_error_on_every_rank(collective):
+    world = SharedWorld(3, staging_bytes=4096, timeout=5.0)
+    errors = []
+
+    def body(transport):
+        count = 12 if transport.rank == 1 else 9
+        fn = get_algorithm("shm_direct", collective)
+        try:
+            if collective == "broadcast":
+                fn(transport, np.ones(count, np.float32), 0, segment_bytes=64)
+            else:
+                fn(transport, np.ones(count * 3, np.float32), np.ones(count * (3 if collective == "alltoall" else 1),
+                                                                         np.float32), segment_bytes=64)
+        except CollectiveMismatchError as exc:
+            errors.append(str(exc))
+
+    world.run(body)
+    assert len(errors) == 3, errors
+    scale = 3 if collective == "alltoall" else 1  # its source is the whole inp
+    sizes = (f"{48 * scale} B", f"{36 * scale} B")
+    assert all(f"{collective} bytes" in e and all(size in e for size in sizes) for e in errors), errors
+
+
+def test_a_missing_rank_is_a_timeout_naming_it():
+    world = SharedWorld(3, timeout=1.0)
+    seen = []
+
+    def body(transport):
+        if transport.rank == 2:
+            return  # never arrives
+        try:
+            get_algorithm("shm_direct", "broadcast")(transport, np.ones(4, np.float32), 0, segment_bytes=64)
+        except CommTimeoutError as exc:
+            seen.append(str(exc))
+
+    world.run(body)
+    assert len(seen) == 2, seen
+    assert all("rank 2 (pid" in message and "timed out after 1 s" in message for message in seen), seen
