@@ -79,8 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="pipeline segment size of the segmented schedules (default: commlib's config)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the MPI library's rows")
     parser.add_argument("--symmetric", action="store_true",
-                        help="allreduce: also time every algorithm on a symmetric buffer (pg.alloc: shared "
-                             "memory, read in place by the shm_* algorithms), rows named ALGORITHM@sym")
+                        help="also time every algorithm with its source in a symmetric buffer (pg.alloc: shared "
+                             "memory, read in place by the shm_* algorithms; allreduce and broadcast: the buffer, "
+                             "allgather, gather, scatter, alltoall: inp), rows named ALGORITHM@sym")
     parser.add_argument("--floor", action="store_true",
                         help=f"allreduce: also time {FLOOR_NAME!r}, the two-shot's memory work alone on each "
                              f"rank (no peers, no synchronisation: the floor under it; see commlib.bench_floor)")
@@ -92,8 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--step-factor: expected >= 2, got {args.step_factor}")
     if args.iters < 1 or args.warmup < 0:
         parser.error("--iters must be >= 1 and --warmup >= 0")
-    if args.symmetric and args.collective != "allreduce":
-        parser.error("--symmetric: only for --collective allreduce (symmetric buffers are allreduce's)")
+    if args.symmetric and args.collective not in SYMMETRIC_COLLECTIVES:
+        parser.error(f"--symmetric: only for --collective {', '.join(SYMMETRIC_COLLECTIVES)} (those with "
+                     f"shared-memory algorithms that read a symmetric source in place)")
     if args.floor and args.collective != "allreduce":
         parser.error("--floor: only for --collective allreduce (the two-shot allreduce's floor)")
     return args
@@ -136,10 +138,16 @@ def mpi_reduction(dtype, op: str):
     return datatype, MPI.Op.Create(apply, commute=True)
 
 
+SYMMETRIC_COLLECTIVES = ("allreduce", "broadcast", "allgather", "gather", "scatter", "alltoall")
+
+
 class Setup:
     """One size of one collective: buffers, the calls to time, the check."""
 
-    symmetric: Optional[np.ndarray] = None  # allreduce with --symmetric: the same input in pg.alloc
+    # --symmetric, allreduce and broadcast: the buffer in pg.alloc (holds the result); the
+    # others: the same inp in pg.alloc (symmetric_inp; the result is in target, as without)
+    symmetric: Optional[np.ndarray] = None
+    symmetric_inp: Optional[np.ndarray] = None
     barrier_check: Optional[BarrierCheck] = None  # the barrier's: who left before whom arrived
 
     def __init__(self, collective, comm, pg, count, dtype, op, symmetric=False):
@@ -216,6 +224,9 @@ class Setup:
         elif collective == "broadcast":
             self.baseline = lambda: comm.Bcast(byte_view, root=ROOT)
             self.ours = lambda name: pg.broadcast(target, ROOT, algorithm=name)
+            if symmetric:
+                sym = self.symmetric = pg.alloc(target.size, dtype)
+                self.ours_symmetric = lambda name: pg.broadcast(sym, ROOT, algorithm=name)
         elif collective == "reduce":
             spec = [target, target.size, datatype]
             if rank == ROOT:
@@ -240,6 +251,19 @@ class Setup:
         else:
             self.baseline = lambda: comm.Alltoall([inp, MPI.BYTE], byte_view)
             self.ours = lambda name: pg.alltoall(target, inp, algorithm=name)
+        if symmetric and collective in ("allgather", "gather", "scatter", "alltoall"):
+            # Collective: every rank allocates, also where it has no inp (scatter's non-roots).
+            sym_inp = self.symmetric_inp = pg.alloc(block * size if collective in ("scatter", "alltoall") else block,
+                                                    dtype)
+            if inp is not None:
+                np.copyto(sym_inp, inp)
+            mine = sym_inp if inp is not None else None
+            self.ours_symmetric = {
+                "allgather": lambda name: pg.allgather(target, sym_inp, algorithm=name),
+                "gather": lambda name: pg.gather(target if rank == ROOT else None, sym_inp, ROOT, algorithm=name),
+                "scatter": lambda name: pg.scatter(target, mine, ROOT, algorithm=name),
+                "alltoall": lambda name: pg.alltoall(target, sym_inp, algorithm=name),
+            }[collective]
 
     def reset(self) -> None:
         np.copyto(self.target, self.pristine)
@@ -247,7 +271,7 @@ class Setup:
             np.copyto(self.symmetric, self.pristine)
 
     def wrong(self, symmetric: bool = False) -> int:
-        result = self.symmetric if symmetric else self.target
+        result = self.symmetric if symmetric and self.symmetric is not None else self.target
         return int(np.count_nonzero(result != self.expected))
 
     def check(self, run, symmetric: bool = False) -> Optional[int]:

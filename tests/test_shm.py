@@ -30,6 +30,13 @@ def test_a_rank_that_skips_is_named_by_every_other_within_the_timeout(algorithm)
     assert time.monotonic() - started < 40
 
 
+def test_auto_with_a_symmetric_buffer_on_some_ranks_only_names_the_divergence_at_once():
+    started = time.monotonic()
+    result = run_mpi("shm_faults.py", 2, "mixed", "auto", "60", timeout=90)
+    assert "OK:" in result.stdout
+    assert time.monotonic() - started < 45  # the group's timeout is 60 s
+
+
 def test_a_vanished_peer_is_named_long_before_the_timeout():
     # Rank 1 ends without MPI finalize while ranks 0 and 2 wait for it in shared memory; the group's
     # timeout is 30 s, the peers must notice the process is gone within a few seconds. Without

@@ -4,10 +4,12 @@ test_shm_schedules.py's SharedWorld): tiny staging halves so every size takes ma
 chunks; plain, symmetric and mixed sources; size mismatches and a missing rank end in named
 errors. Under real mpiexec: tests/mpi/shm_check.py and collective_algorithms_check.py."""
 
+import time
+
 import numpy as np
 import pytest
 
-from commlib import CollectiveMismatchError, CommTimeoutError
+from commlib import CollectiveMismatchError, CommTimeoutError, ReduceOp
 from commlib.algorithms import get_algorithm
 from test_shm_schedules import SharedWorld
 
@@ -153,3 +155,27 @@ def test_a_missing_rank_is_a_timeout_naming_it():
     world.run(body)
     assert len(seen) == 2, seen
     assert all("rank 2 (pid" in message and "timed out after 1 s" in message for message in seen), seen
+
+
+def test_ranks_in_different_kinds_of_round_get_a_mismatch_error_long_before_the_timeout():
+    """One rank in a slot round (shm_oneshot), the other in an arrival round (shm_twoshot) of the
+    same epoch, as ``auto`` does when only one rank's buffer is symmetric: each sees the other's
+    counter for the epoch and names the divergence, instead of waiting for the 30 s deadline."""
+    world = SharedWorld(2, slot_bytes=4096, staging_bytes=4096, timeout=30.0)
+    errors, elapsed = [], []
+
+    def body(transport):
+        name = "shm_twoshot" if transport.rank == 0 else "shm_oneshot"
+        start = time.monotonic()
+        try:
+            get_algorithm(name)(transport, np.ones(64, np.float32), ReduceOp.SUM, segment_bytes=64)
+        except CollectiveMismatchError as exc:
+            errors.append(str(exc))
+        elapsed.append(time.monotonic() - start)
+
+    world.run(body)
+    assert len(errors) == 2, errors
+    assert max(elapsed) < 15, elapsed  # detected at the first liveness check (0.1 s), far below 30 s
+    assert all("the ranks chose different algorithms" in e and "pg.alloc" in e for e in errors), errors
+    assert any("this rank as a slot round (shm_oneshot)" in e for e in errors), errors
+    assert any("this rank as an arrival round" in e for e in errors), errors

@@ -42,7 +42,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..transports.shm import move_kind_code
+from ..transports.shm import PROGRESS_BITS, move_kind_code
 from .shm_twoshot import COPY_BYTES
 
 __all__ = ["broadcast_shm_direct", "allgather_shm_direct", "gather_shm_direct", "scatter_shm_direct",
@@ -140,7 +140,8 @@ def move_rounds(transport, collective: str, destination, source, blocks: int, bl
             _copy(destination, to, source, lo, hi - lo, copy_bytes)
         return
     kind = move_kind_code(collective)
-    chunk = max(1, min(segment_bytes, CHUNK_BYTES))
+    # A round's chunk count must fit the PROGRESS word (a tiny segment_bytes could overflow it).
+    chunk = max(1, min(segment_bytes, CHUNK_BYTES), -(-transport.layout.staging_bytes // ((1 << PROGRESS_BITS) - 1)))
     piece = max(1, transport.layout.staging_bytes // blocks)  # of each block, per round
     in_place = transport.locate(source) if source is not None and read_by_peers else None
     epoch = 0

@@ -90,6 +90,9 @@ LIVENESS_EVERY_SECONDS = 0.1
 _fence_acquire, _fence_release = fence_lock.acquire, fence_lock.release  # fence(), without a call
 _CHUNKS_MASK = (1 << PROGRESS_BITS) - 1
 _BYTE = np.dtype(np.uint8)
+# A round of an epoch raises ARRIVE (shm_twoshot, shm_direct) or its slot's signal (shm_oneshot),
+# never both: a peer waited for on one that raised the other for the same epoch diverged.
+_ROUND_WORDS = frozenset((ARRIVE, SLOT_SIGNAL, SLOT_SIGNAL + 8))
 _TOTAL_MASK = (1 << 44) - 1  # a slot signature: kind_code << 44 | the collective's total bytes
 _DTYPE_CODES = {dtype: code for code, dtype in enumerate(DTYPE_IS_FLOAT, start=1)}
 _OP_CODES = {op: code for code, op in enumerate(ReduceOp, start=1)}
@@ -502,6 +505,22 @@ class SharedMemoryTransport(Transport):
                     gone = self._peer_gone(peer)
                     if gone and control[word] < target:
                         self._raise_lost(peer, word, target, what, gone)
+                    if word in _ROUND_WORDS:
+                        other = SLOT_SIGNAL + 8 * (target & 1) if word == ARRIVE else ARRIVE
+                        if control[other] >= target and control[word] < target:
+                            self._raise_other_round(peer, word, target)
+
+    def _raise_other_round(self, peer: int, word: int, target: int) -> None:
+        """``peer`` began this epoch's round through the other counter: it runs another algorithm."""
+        theirs, mine = ("an arrival round (shm_twoshot, shm_direct)", "a slot round (shm_oneshot)")
+        if word == ARRIVE:
+            theirs, mine = mine, theirs
+        raise CollectiveMismatchError(
+            f"rank {self.ranks[self.rank]} on {self.hostname}: {self._current_context().describe()}: rank "
+            f"{self.ranks[peer]} runs shared-memory epoch {target} as {theirs}, this rank as {mine}: the "
+            f"ranks chose different algorithms. With algorithm='auto' the choice depends on whether a "
+            f"rank's buffer is symmetric (pg.alloc): pass symmetric buffers on every rank or on none, or "
+            f"name the algorithm")
 
     def _peer_gone(self, peer: int) -> str:
         """Why ``peer``'s process can no longer make progress, or "" if it may still."""
@@ -549,10 +568,14 @@ class SharedMemoryTransport(Transport):
 
     def _raise_timeout(self, peer: int, word: int, target: int, what: str) -> None:
         ctx = self._current_context()
+        # A peer in this very collective that never arrived in shared memory may run it over MPI.
+        hint = (" (a peer inside this collective may run it on another path: with algorithm='auto' "
+                "a symmetric buffer (pg.alloc) on some ranks and a plain one on others choose "
+                "differently)") if word in _ROUND_WORDS else ""
         raise CommTimeoutError(
             f"rank {self.ranks[self.rank]} on {self.hostname}: {ctx.describe()} timed out after "
             f"{ctx.timeout:g} s in shared memory waiting for {self._waiting_for(peer, word, target, what)}"
-            f"{self._laggards()}")
+            f"{self._laggards()}{hint}")
 
     def _raise_lost(self, peer: int, word: int, target: int, what: str, gone: str) -> None:
         raise CommError(

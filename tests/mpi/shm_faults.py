@@ -12,6 +12,10 @@ Faults while the ranks synchronise through shared memory (rank 1 is the faulty o
   and leaves with ``os._exit(0)`` (there is no peer left to finish MPI with).
 * ``sigkill``: every rank prints its pid, creates a sub-group (more segments), then kills
   itself with SIGKILL: the test then finds no segment file of any of them in /dev/shm.
+* ``mixed``: ``auto`` on a 256 KiB allreduce with a symmetric buffer on even ranks and a plain one
+  on odd ranks (a user's mistake: at P=2 the former takes shm_twoshot, the latter shm_oneshot):
+  every rank raises ``CollectiveMismatchError`` saying the ranks chose different algorithms and
+  why, within seconds, not after the timeout. (ALGORITHM is ignored.)
 """
 
 import os
@@ -22,7 +26,7 @@ import time
 import numpy as np
 
 import commlib
-from commlib import CommError, CommTimeoutError, GroupAbortedError
+from commlib import CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError
 from commlib.abort import wait_until_stderr_read
 from verdict import Checker
 
@@ -76,6 +80,16 @@ if mode == "skip":
         check.check(time.monotonic() - quick < 1.0, "later call raised at once (not after a timeout)")
     else:
         time.sleep(timeout + 1)
+elif mode == "mixed":
+    plain = np.empty_like(buf)
+    mine = buf if rank % 2 == 0 else plain
+    mine[...] = 1
+    error = check.raises(CollectiveMismatchError, lambda: pg.allreduce(mine), "auto on mixed buffers")
+    elapsed = time.monotonic() - started
+    check.check(elapsed < 10, f"the divergence surfaced after {elapsed:.2f} s (timeout {timeout} s)")
+    if error is not None:
+        for needle in ("the ranks chose different algorithms", "pg.alloc", "allreduce #4"):
+            check.check(needle in str(error), f"message {str(error)!r} lacks {needle!r}")
 else:
     raise SystemExit(f"unknown mode {mode}")
 check.finish()
