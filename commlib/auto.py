@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 __all__ = ["choose", "choose_allreduce", "native_threshold", "leading_bound", "world_class",
-           "choose_shared_memory_allreduce", "shared_memory_inline_bytes"]
+           "choose_shared_memory_allreduce", "shared_memory_inline_bytes", "choose_shared_memory_mover"]
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -199,6 +199,28 @@ def choose_shared_memory_allreduce(nbytes: int, world_size: int, symmetric: bool
     if world_size == 1:
         return None
     for bound, name in _SHARED_MEMORY_TABLE[(world_class(world_size), bool(symmetric))]:
+        if nbytes <= bound:
+            return name
+    return None
+
+
+# The data movers on a one-host group: (collective, world class) -> rows, None: the table above.
+# By size only, never by the kind of buffer (shm_direct reads plain and symmetric sources alike),
+# so every rank chooses the same. Broadcast, 2026-12-01, `--collective broadcast -a
+# auto,shm_direct` (plain buffers), shm_direct / MPI_Bcast: P = 4: 0.53, 0.52, 0.63, 0.72 at 1, 4,
+# 16, 64 MiB (the table's choice 1.02, 0.82, 0.72, 0.76 in an earlier run); P = 8: 0.39, 0.56,
+# 0.60 at 1, 4, 16 MiB (the table's 0.76, 0.85, 0.68 in the same run). At P = 2 and 3 it lost at
+# 16 MiB (1.27, 1.22): the staging copy and the readers' copies compete for memory bandwidth.
+_SHARED_MEMORY_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], ...]] = {
+    ("broadcast", "pow2"): ((512 * KiB, None), (INF, "shm_direct")),
+}
+
+
+def choose_shared_memory_mover(collective: str, nbytes: int, world_size: int) -> Optional[str]:
+    """The shared-memory algorithm ``"auto"`` means for a data mover on a one-host group, or None."""
+    if world_size == 1:
+        return None
+    for bound, name in _SHARED_MEMORY_MOVERS.get((collective, world_class(world_size)), ()):
         if nbytes <= bound:
             return name
     return None

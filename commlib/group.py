@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from . import algorithms as _algorithms
-from .auto import choose, choose_shared_memory_allreduce, native_threshold, shared_memory_inline_bytes
+from .auto import (choose, choose_shared_memory_allreduce, choose_shared_memory_mover, native_threshold,
+                   shared_memory_inline_bytes)
 from .auto_hosts import choose_across_hosts, native_threshold_across_hosts
 from .collectives import CollectiveMethods
 from .config import Config
@@ -244,8 +245,9 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
                 return "native"
             if collective == "allreduce" and self.topology.spans_hosts:
                 return choose_across_hosts(nbytes, self.topology, _algorithms._REGISTRY, self._cost_model)
-            if collective == "allreduce" and self._shm is not None:
-                shared = choose_shared_memory_allreduce(nbytes, self.size, symmetric)
+            if self._shm is not None:
+                shared = (choose_shared_memory_allreduce(nbytes, self.size, symmetric) if collective == "allreduce"
+                          else choose_shared_memory_mover(collective, nbytes, self.size))
                 if shared is not None:
                     return shared
             return choose(collective, nbytes, self.size, _algorithms._REGISTRIES[collective])

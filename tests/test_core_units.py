@@ -63,6 +63,18 @@ def test_auto_tables_cover_every_collective_and_name_registered_algorithms():
                                                                           algorithm_names("alltoallv"))
 
 
+def test_auto_picks_shm_direct_for_large_broadcasts_at_four_and_eight_ranks_by_size_only():
+    from commlib.auto import choose_shared_memory_mover
+
+    assert choose_shared_memory_mover("broadcast", 1 << 20, 4) == "shm_direct"
+    assert choose_shared_memory_mover("broadcast", 64 << 20, 8) == "shm_direct"
+    assert choose_shared_memory_mover("broadcast", 512 << 10, 4) is None  # the MPI table
+    for size in (1, 2, 3, 5):
+        assert choose_shared_memory_mover("broadcast", 16 << 20, size) is None
+    for collective in ("allgather", "gather", "scatter", "alltoall", "reduce"):
+        assert choose_shared_memory_mover(collective, 16 << 20, 4) is None
+
+
 def test_the_fast_paths_limits_follow_the_auto_tables_first_rows():
     """``leading_bound``: up to where "auto" means the algorithm from the smallest size on, so
     the fast path of "auto" runs what the general path would pick (and a rank on either matches)."""
