@@ -211,8 +211,13 @@ def choose_shared_memory_allreduce(nbytes: int, world_size: int, symmetric: bool
 # 16, 64 MiB (the table's choice 1.02, 0.82, 0.72, 0.76 in an earlier run); P = 8: 0.39, 0.56,
 # 0.60 at 1, 4, 16 MiB (the table's 0.76, 0.85, 0.68 in the same run). At P = 2 and 3 it lost at
 # 16 MiB (1.27, 1.22): the staging copy and the readers' copies compete for memory bandwidth.
+# Allgather, `--collective allgather -b 256K -e 16M -a auto,shm_direct`, shm_direct / the
+# table's choice, both over MPI_Allgather in the same run: P = 4: 0.91 / 1.33 and 0.86 / 1.11 at 1
+# and 4 MiB, 1.15 / 1.03 at 16 MiB; P = 8: 0.97 / 1.64, 0.78 / 1.14, 0.90 / 1.09; at 256 KiB
+# 1.81-1.88 / 1.74-1.81.
 _SHARED_MEMORY_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], ...]] = {
     ("broadcast", "pow2"): ((512 * KiB, None), (INF, "shm_direct")),
+    ("allgather", "pow2"): ((512 * KiB, None), (4 * MiB, "shm_direct"), (INF, None)),
 }
 
 

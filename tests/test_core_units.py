@@ -63,7 +63,7 @@ def test_auto_tables_cover_every_collective_and_name_registered_algorithms():
                                                                           algorithm_names("alltoallv"))
 
 
-def test_auto_picks_shm_direct_for_large_broadcasts_at_four_and_eight_ranks_by_size_only():
+def test_auto_picks_shm_direct_for_large_broadcasts_and_allgathers_at_four_and_eight_ranks_by_size():
     from commlib.auto import choose_shared_memory_mover
 
     assert choose_shared_memory_mover("broadcast", 1 << 20, 4) == "shm_direct"
@@ -71,7 +71,10 @@ def test_auto_picks_shm_direct_for_large_broadcasts_at_four_and_eight_ranks_by_s
     assert choose_shared_memory_mover("broadcast", 512 << 10, 4) is None  # the MPI table
     for size in (1, 2, 3, 5):
         assert choose_shared_memory_mover("broadcast", 16 << 20, size) is None
-    for collective in ("allgather", "gather", "scatter", "alltoall", "reduce"):
+    assert choose_shared_memory_mover("allgather", 4 << 20, 8) == "shm_direct"
+    assert choose_shared_memory_mover("allgather", 512 << 10, 4) is None
+    assert choose_shared_memory_mover("allgather", 16 << 20, 4) is None  # above 4 MiB: the MPI table
+    for collective in ("gather", "scatter", "alltoall", "reduce"):
         assert choose_shared_memory_mover(collective, 16 << 20, 4) is None
 
 

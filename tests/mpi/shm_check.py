@@ -92,7 +92,8 @@ def check_data_movers(pg, check):
                         mine = matrices[root][rank * count:(rank + 1) * count]
                         check.equal(part.view(np.uint8), mine.view(np.uint8), f"scatter {label} root {root}")
                         calls += 3
-    # auto picks shm_direct for a large broadcast at 4 and 8 ranks (by size: the same on every rank).
+    # auto picks shm_direct for a large broadcast and allgather at 4 and 8 ranks (by size: the same
+    # on every rank).
     big = random_bytes(5, 600 << 10, np.dtype(np.uint8))
     chosen = pg.resolve_algorithm("auto", big.nbytes, collective="broadcast")
     check.check((chosen == "shm_direct") == (size in (4, 8)), f"auto broadcast of 600 KiB at P={size}: {chosen}")
@@ -100,6 +101,13 @@ def check_data_movers(pg, check):
         buf = big.copy() if rank == root else np.zeros_like(big)
         pg.broadcast(buf, root)
         check.equal(buf, big, f"auto broadcast of 600 KiB from {root} ({chosen})")
+    block = random_bytes(6 + rank, (600 << 10) // size, np.dtype(np.uint8))
+    gathered = np.empty(block.size * size, np.uint8)
+    chosen = pg.resolve_algorithm("auto", gathered.nbytes, collective="allgather")
+    check.check((chosen == "shm_direct") == (size in (4, 8)), f"auto allgather of 600 KiB at P={size}: {chosen}")
+    pg.allgather(gathered, block)
+    expected = np.concatenate([random_bytes(6 + r, block.size, np.dtype(np.uint8)) for r in range(size)])
+    check.equal(gathered, expected, f"auto allgather of 600 KiB ({chosen})")
     # A symmetric source may be written as soon as the call returns: no peer may still read it.
     buf = pg.alloc(3001, np.int32)
     out = np.empty(3001 * size, np.int32)
