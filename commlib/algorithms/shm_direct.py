@@ -8,7 +8,8 @@ rank's ``inp``) and copies the byte ranges it needs from the peers' sources into
 
 Why not messages: within a host the MPI library moves a large message with one kernel copy from
 the sender's pages (CMA), which was 2.6x slower here than a user-space ``memcpy`` from a shared
-mapping (4 MiB, P=2: 175 us against 67-79 us; MPI_Bcast 180 us). A rank cannot read a peer's
+mapping (4 MiB, P=2: 175 us against 67-79 us; MPI_Bcast 180 us); at 64 MiB, where both run at
+the memory's speed, they took the same time (3.2-3.3 ms). A rank cannot read a peer's
 private buffer, so a plain source is first copied into its owner's staging half (shared), chunk by
 chunk, while the readers copy the chunks already published out of it: the two copies run at once
 on two cores. A **symmetric** source (``ProcessGroup.alloc``) is read where it is: one copy.
@@ -20,8 +21,9 @@ in every round):
 1. *Arrive*: publish where the round's source is (nothing to offer: the same size, never read);
    wait until every rank has, which checks that all agree on the collective's size.
 2. *Stage*: a plain source's bytes that some peer reads are copied into the staging half in
-   chunks of ``min(segment_bytes, CHUNK_BYTES)``, PROGRESS published after each; a symmetric
-   source publishes all its chunks at once.
+   chunks of ``min(segment_bytes, CHUNK_BYTES)``, PROGRESS published after each. A symmetric
+   source is complete from the start: its readers do not wait for PROGRESS (they tell the two
+   apart by the offset offered: the staging half's, or anywhere else).
 3. *Own part*: what this rank takes from its own source (allgather's own block...), locally.
 4. *Read*: for each peer in rotated order, each needed range chunk by chunk, as the peer's
    PROGRESS covers it.
@@ -37,8 +39,8 @@ for a plain source, its owner's staging copy of what the peers read, overlapped 
 Where that pays (README, "The data movers in shared memory"): at P=2 a symmetric source up to
 4 MiB (0.49-0.85 of the library's call), and ties from 16 MiB, where the kernel's copy runs at
 the memory's speed too; a plain source adds the staging copy and mostly loses at P=2; at 4 and 8
-ranks on 2 cores, reading the root once beats the library's tree (broadcast 0.39-0.72), which is
-what ``auto`` takes.
+ranks on 2 cores, reading the sources once beats the library's schedules (broadcast 0.39-0.72,
+allgathers of 1-4 MiB 0.78-0.97), which is what ``auto`` takes.
 """
 
 from __future__ import annotations
