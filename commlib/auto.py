@@ -221,11 +221,25 @@ _SHARED_MEMORY_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], 
 }
 
 
-def choose_shared_memory_mover(collective: str, nbytes: int, world_size: int) -> Optional[str]:
-    """The shared-memory algorithm ``"auto"`` means for a data mover on a one-host group, or None."""
+# With cross-memory attach (agreed by every rank when the group was made, see
+# commlib/cross_memory.py), shm_direct's two-rank broadcast splits its one copy between the ranks
+# from 1 MiB (COOPERATIVE_BYTES): 2026-12-01, a P=2 probe, split / MPI_Bcast: 0.65, 0.87, 0.69,
+# 0.78 at 1, 4, 16, 64 MiB with half each (the root's share 0.4: 0.76, 1.11-1.51, 0.66, 0.82-0.85;
+# 0.7: 0.85, 0.56, 1.05-1.11, 1.06-1.09).
+_CROSS_MEMORY_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], ...]] = {
+    ("broadcast", "2"): ((MiB - 1, None), (INF, "shm_direct")),
+}
+
+
+def choose_shared_memory_mover(collective: str, nbytes: int, world_size: int,
+                               cross_memory: bool = False) -> Optional[str]:
+    """The shared-memory algorithm ``"auto"`` means for a data mover on a one-host group, or None;
+    ``cross_memory``: the group's ranks can copy from each other's private memory."""
     if world_size == 1:
         return None
-    for bound, name in _SHARED_MEMORY_MOVERS.get((collective, world_class(world_size)), ()):
+    key = (collective, world_class(world_size))
+    rows = _CROSS_MEMORY_MOVERS.get(key) if cross_memory else None
+    for bound, name in rows or _SHARED_MEMORY_MOVERS.get(key, ()):
         if nbytes <= bound:
             return name
     return None

@@ -24,6 +24,8 @@ variable                    meaning                                             
                             rounds); larger messages go round by round
 ``COMMLIB_SHM_STAGING_BYTES`` each of a rank's two staging halves (``shm_twoshot``     ``16 MiB``
                             rounds, plain buffers are copied there)
+``COMMLIB_SHM_CMA``         ``0``: no cross-memory copies (``process_vm_readv``) in     ``1``
+                            ``shm_direct``'s two-rank broadcast, even where they work
 ``COMMLIB_COST_MODEL``      a cost model JSON (``python -m commlib.costmodel fit``):    (unset)
                             ``"auto"`` picks its cheapest prediction for groups that
                             span hosts
@@ -99,6 +101,7 @@ class Config:
     shm_heap_bytes: int = 8 << 30
     shm_slot_bytes: int = 256 << 10
     shm_staging_bytes: int = 16 << 20
+    shm_cross_memory: bool = True
     cost_model: Optional[str] = None
     # ((collective, algorithm), ...) from COMMLIB_ALGO_<COLLECTIVE>, sorted; a tuple keeps it frozen.
     collective_algorithms: Tuple[Tuple[str, str], ...] = ()
@@ -130,6 +133,8 @@ class Config:
             values["crash_witness"] = _parse_bool("COMMLIB_CRASH_WITNESS", environ["COMMLIB_CRASH_WITNESS"])
         if "COMMLIB_SHM" in environ:
             values["shm"] = _parse_bool("COMMLIB_SHM", environ["COMMLIB_SHM"])
+        if "COMMLIB_SHM_CMA" in environ:
+            values["shm_cross_memory"] = _parse_bool("COMMLIB_SHM_CMA", environ["COMMLIB_SHM_CMA"])
         for name, field, minimum in (("COMMLIB_SHM_HEAP_BYTES", "shm_heap_bytes", 0),
                                      ("COMMLIB_SHM_SLOT_BYTES", "shm_slot_bytes", 8),
                                      ("COMMLIB_SHM_STAGING_BYTES", "shm_staging_bytes", 8)):

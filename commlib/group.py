@@ -247,7 +247,8 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
                 return choose_across_hosts(nbytes, self.topology, _algorithms._REGISTRY, self._cost_model)
             if self._shm is not None:
                 shared = (choose_shared_memory_allreduce(nbytes, self.size, symmetric) if collective == "allreduce"
-                          else choose_shared_memory_mover(collective, nbytes, self.size))
+                          else choose_shared_memory_mover(collective, nbytes, self.size,
+                                                          self._shm.cross_memory is not None))
                 if shared is not None:
                     return shared
             return choose(collective, nbytes, self.size, _algorithms._REGISTRIES[collective])

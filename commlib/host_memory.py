@@ -29,6 +29,7 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
+from .cross_memory import probe_cross_memory
 from .errors import CommError, InvalidUsageError
 from .ops import DTYPE_IS_FLOAT, SUPPORTED_DTYPE_NAMES, ReduceOp
 from .shared_memory import map_host_files, populate, release
@@ -66,6 +67,8 @@ def open_host_memory(comm: MPI.Comm, config, *, p2p, progress_board) -> Optional
     # Across hosts too: a collective of the group that runs a phase on this host's ranks (the
     # intra-host steps of a hierarchical allreduce) has its deadline and description here.
     transport.context = p2p.context
+    if single_host and size > 1 and config.shm_cross_memory:
+        transport.cross_memory = probe_cross_memory(comm, transport)  # collective: the same everywhere
     return HostMemory(transport, single_host, host_ranks)
 
 

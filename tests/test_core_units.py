@@ -24,6 +24,9 @@ def test_config_reads_every_variable():
     assert Config.from_env({"COMMLIB_SHM": "0", "COMMLIB_SHM_HEAP_BYTES": "4096", "COMMLIB_SHM_SLOT_BYTES": "64",
                             "COMMLIB_SHM_STAGING_BYTES": "128"}) == Config(shm=False, shm_heap_bytes=4096,
                                                                            shm_slot_bytes=64, shm_staging_bytes=128)
+    assert Config.from_env({"COMMLIB_SHM_CMA": "0"}) == Config(shm_cross_memory=False)
+    with pytest.raises(ValueError, match="COMMLIB_SHM_CMA"):
+        Config.from_env({"COMMLIB_SHM_CMA": "sometimes"})
     with pytest.raises(ValueError, match="COMMLIB_SHM_SLOT_BYTES"):
         Config.from_env({"COMMLIB_SHM_SLOT_BYTES": "4"})
     with pytest.raises(ValueError, match="COMMLIB_TIMEOUT"):
@@ -71,6 +74,11 @@ def test_auto_picks_shm_direct_for_large_broadcasts_and_allgathers_at_four_and_e
     assert choose_shared_memory_mover("broadcast", 512 << 10, 4) is None  # the MPI table
     for size in (1, 2, 3, 5):
         assert choose_shared_memory_mover("broadcast", 16 << 20, size) is None
+    # Two ranks: only where they can copy from each other's memory (the broadcast's split copy).
+    assert choose_shared_memory_mover("broadcast", 1 << 20, 2, cross_memory=True) == "shm_direct"
+    assert choose_shared_memory_mover("broadcast", (1 << 20) - 1, 2, cross_memory=True) is None
+    assert choose_shared_memory_mover("broadcast", 64 << 20, 2) is None
+    assert choose_shared_memory_mover("broadcast", 64 << 20, 4, cross_memory=True) == "shm_direct"
     assert choose_shared_memory_mover("allgather", 4 << 20, 8) == "shm_direct"
     assert choose_shared_memory_mover("allgather", 512 << 10, 4) is None
     assert choose_shared_memory_mover("allgather", 16 << 20, 4) is None  # above 4 MiB: the MPI table

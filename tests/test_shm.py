@@ -22,6 +22,10 @@ def test_shm_collectives_under_mpiexec(nprocs):
     run_mpi("shm_check.py", nprocs, env=SMALL_AREAS, timeout=240)
 
 
+def test_without_cross_memory_copies_two_ranks_take_the_staged_path():
+    run_mpi("shm_check.py", 2, env={**SMALL_AREAS, "COMMLIB_SHM_CMA": "0"}, timeout=240)
+
+
 @pytest.mark.parametrize("algorithm", ["shm_oneshot", "shm_twoshot"])
 def test_a_rank_that_skips_is_named_by_every_other_within_the_timeout(algorithm):
     started = time.monotonic()

@@ -4,6 +4,7 @@ test_shm_schedules.py's SharedWorld): tiny staging halves so every size takes ma
 chunks; plain, symmetric and mixed sources; size mismatches end in named errors (a missing rank:
 test_shm_schedules.py). Under real mpiexec: tests/mpi/shm_check.py and collective_algorithms_check.py."""
 
+import os
 import time
 
 import numpy as np
@@ -162,3 +163,48 @@ def test_ranks_in_different_kinds_of_round_get_a_mismatch_error_long_before_the_
     assert all("the ranks chose different algorithms" in e and "pg.alloc" in e for e in errors), errors
     assert any("this rank as a slot round (shm_oneshot)" in e for e in errors), errors
     assert any("this rank as an arrival round" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("kind", ["plain", "symmetric", "mixed"])
+def test_a_two_rank_broadcast_split_by_cross_memory_attach_delivers_every_byte(kind):
+    """Threads of one process may copy from their own pid's memory, so the cooperative path (the
+    root writes the first half of the receiver's buffer, the receiver reads the rest) runs here;
+    under mpiexec it runs wherever the group's probe found cross-memory attach working."""
+    from commlib.algorithms.shm_direct import COOPERATIVE_BYTES
+    from commlib.cross_memory import CrossMemory
+
+    world = SharedWorld(2, staging_bytes=4096)
+    for transport in world.transports:
+        transport.cross_memory = CrossMemory([os.getpid()] * 2)
+    sources = Sources(world, 2, kind)
+    cases = []
+    for count in (COOPERATIVE_BYTES, COOPERATIVE_BYTES + 4097, 3 * COOPERATIVE_BYTES + 1):
+        for root in (0, 1):
+            bufs = sources.make(count, np.dtype(np.uint8), [count + root, 7 * count + root])
+            cases.append((bufs, root, bufs[root].copy()))
+    staged_before = [t.progress_of(1 - t.rank, t.epoch) for t in world.transports]
+
+    def body(transport):
+        for bufs, root, _ in cases:
+            get_algorithm("shm_direct", "broadcast")(transport, bufs[transport.rank], root, segment_bytes=1 << 20)
+
+    world.run(body)
+    for bufs, root, sent in cases:
+        for rank in range(2):
+            assert bufs[rank].tobytes() == sent.tobytes(), (kind, bufs[rank].size, root, rank)
+    # One epoch per broadcast, and no chunk ever staged (PROGRESS untouched).
+    assert all(t.epoch == len(cases) for t in world.transports)
+    assert [t.progress_of(1 - t.rank, t.epoch) for t in world.transports] == staged_before == [0, 0]
+
+
+def test_a_cross_memory_copy_that_fails_names_the_peer_and_the_cause():
+    from commlib import CommError
+    from commlib.cross_memory import CrossMemory
+
+    cross = CrossMemory([os.getpid(), os.getpid()], describe_peer=lambda peer: f"rank {peer} (here)")
+    source = np.arange(64, dtype=np.uint8)
+    target = np.zeros(64, np.uint8)
+    cross.read(1, source.ctypes.data, target)  # this process's own memory: allowed
+    assert target.tobytes() == source.tobytes()
+    with pytest.raises(CommError, match=r"cross-memory read from rank 1 \(here\) failed after 0 of 64 bytes"):
+        cross.read(1, 8, target)  # an address nothing is mapped at: EFAULT

@@ -61,6 +61,7 @@ __all__ = ["SharedMemoryTransport", "SegmentLayout", "kind_code", "move_kind_cod
 # Control words (int64 indices into a segment's control page); one 64-byte line each.
 ARRIVE = 0          # epoch; descriptor at ARRIVE + 2 + 4 * (epoch & 1), see arrive()
 PROGRESS = 16       # (epoch << PROGRESS_BITS) | chunks of this rank's slice reduced so far
+ADDRESS = 10        # + epoch parity: the virtual address of this rank's buffer (cross-memory rounds)
 DONE = 24           # epoch whose reads of peers' buffers in place this rank has finished (depart)
 SLOT_SIGNAL = 32    # per slot parity p, a line each: [SLOT_SIGNAL + 8p] epoch, [+ 1] signature, [+ 2 ..] data
 # A round of at most this many bytes carries its data on its signal's cache line (after the epoch
@@ -218,6 +219,9 @@ class SharedMemoryTransport(Transport):
         self.inline_seq, self.inline_nbytes, self.inline_timeout = 0, 0, float("inf")
         self._views: Dict[tuple, np.ndarray] = {}
         self._located: tuple = (_dead_reference, None)  # (weak reference to the last buffer located, its offset)
+        # Set by the group when every rank can copy from every peer's private memory (see
+        # commlib/cross_memory.py): shm_direct's two-rank broadcast then splits its one copy.
+        self.cross_memory: Optional[Any] = None
         self.slot_round, self._forget_slot_views = self._build_slot_round()
 
     # -- the epoch and the areas this rank writes -------------------------------------------------
@@ -428,6 +432,15 @@ class SharedMemoryTransport(Transport):
             offsets.append(control[base])
         return offsets
 
+    def publish_address(self, epoch: int, address: int) -> None:
+        """The virtual address of this rank's buffer for ``epoch`` (before :meth:`arrive`, whose
+        fence orders it before the arrival), for peers that copy by cross-memory attach."""
+        self._own_control[ADDRESS + (epoch & 1)] = address
+
+    def address_of(self, peer: int, epoch: int) -> int:
+        """What ``peer`` published with :meth:`publish_address` for ``epoch`` (after its arrival)."""
+        return self._controls[peer][ADDRESS + (epoch & 1)]
+
     def peer_bytes(self, peer: int, offset: int, nbytes: int) -> np.ndarray:
         """Bytes ``[offset, offset + nbytes)`` of ``peer``'s segment (CommError if outside it)."""
         return self._view(peer, offset, nbytes, _BYTE)
@@ -562,7 +575,8 @@ class SharedMemoryTransport(Transport):
             context.begin("allreduce", self.inline_seq, "shm_oneshot", self.inline_nbytes, self.inline_timeout)
         return context
 
-    def _who(self, peer: int) -> str:
+    def describe_peer(self, peer: int) -> str:
+        """``rank R (pid P on HOST)``, for error messages."""
         return f"rank {self.ranks[peer]} (pid {self.pids[peer]} on {self.hostname})"
 
     def _waiting_for(self, peer: int, word: int, target: int, what: str) -> str:
@@ -572,7 +586,7 @@ class SharedMemoryTransport(Transport):
             target_text = f"epoch {target >> PROGRESS_BITS} chunk {target & ((1 << PROGRESS_BITS) - 1)}"
         else:
             value_text, target_text = f"epoch {value}", f"epoch {target}"
-        return (f"{self._who(peer)} to {what} (its counter is at {value_text}, waiting for "
+        return (f"{self.describe_peer(peer)} to {what} (its counter is at {value_text}, waiting for "
                 f"{target_text})")
 
     def _laggards(self) -> str:

@@ -101,6 +101,22 @@ def check_data_movers(pg, check):
         buf = big.copy() if rank == root else np.zeros_like(big)
         pg.broadcast(buf, root)
         check.equal(buf, big, f"auto broadcast of 600 KiB from {root} ({chosen})")
+    # Two ranks that can copy from each other's memory split a broadcast's copy from 1 MiB on
+    # (COMMLIB_SHM_CMA=0 turns that off; elsewhere the group's probe decides, the same everywhere).
+    cross_memory = pg._shm is not None and pg._shm.cross_memory is not None
+    if os.environ.get("COMMLIB_SHM_CMA") == "0":
+        check.check(not cross_memory, "COMMLIB_SHM_CMA=0: no cross-memory copies")
+    huge = random_bytes(8, (3 << 20) + 5, np.dtype(np.uint8))
+    chosen = pg.resolve_algorithm("auto", huge.nbytes, collective="broadcast")
+    check.check((chosen == "shm_direct") == (size in (4, 8) or (size == 2 and cross_memory)),
+                f"auto broadcast of 3 MiB at P={size} (cross-memory {cross_memory}): {chosen}")
+    for kind in ("plain", "symmetric"):
+        for root in range(size):
+            buf = pg.alloc(huge.size, np.uint8) if kind == "symmetric" else np.empty(huge.size, np.uint8)
+            buf[...] = huge if rank == root else 0
+            pg.broadcast(buf, root, algorithm="shm_direct")
+            check.equal(buf, huge, f"shm_direct broadcast of 3 MiB, {kind}, from {root}")
+            del buf
     block = random_bytes(6 + rank, (600 << 10) // size, np.dtype(np.uint8))
     gathered = np.empty(block.size * size, np.uint8)
     chosen = pg.resolve_algorithm("auto", gathered.nbytes, collective="allgather")
