@@ -226,8 +226,13 @@ _SHARED_MEMORY_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], 
 # from 1 MiB (COOPERATIVE_BYTES): 2026-12-01, a P=2 probe, split / MPI_Bcast: 0.65, 0.87, 0.69,
 # 0.78 at 1, 4, 16, 64 MiB with half each (the root's share 0.4: 0.76, 1.11-1.51, 0.66, 0.82-0.85;
 # 0.7: 0.85, 0.56, 1.05-1.11, 1.06-1.09).
+# Scatter and gather split the same way (`--collective scatter|gather -b 256K -e 64M -a
+# native,shm_direct`, plain buffers, shm_direct / the library's): scatter 1.73, 1.20, 0.82, 0.76,
+# 0.70 at 256 KiB, 1, 4, 16, 64 MiB; gather 1.50, 0.89, 0.52, 0.72, 0.89.
 _CROSS_MEMORY_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], ...]] = {
     ("broadcast", "2"): ((MiB - 1, None), (INF, "shm_direct")),
+    ("scatter", "2"): ((4 * MiB - 1, None), (INF, "shm_direct")),
+    ("gather", "2"): ((MiB - 1, None), (INF, "shm_direct")),
 }
 
 

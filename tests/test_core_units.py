@@ -79,11 +79,16 @@ def test_auto_picks_shm_direct_for_large_broadcasts_and_allgathers_at_four_and_e
     assert choose_shared_memory_mover("broadcast", (1 << 20) - 1, 2, cross_memory=True) is None
     assert choose_shared_memory_mover("broadcast", 64 << 20, 2) is None
     assert choose_shared_memory_mover("broadcast", 64 << 20, 4, cross_memory=True) == "shm_direct"
+    assert choose_shared_memory_mover("gather", 1 << 20, 2, cross_memory=True) == "shm_direct"
+    assert choose_shared_memory_mover("scatter", 2 << 20, 2, cross_memory=True) is None
+    assert choose_shared_memory_mover("scatter", 4 << 20, 2, cross_memory=True) == "shm_direct"
+    assert choose_shared_memory_mover("allgather", 64 << 20, 2, cross_memory=True) is None
     assert choose_shared_memory_mover("allgather", 4 << 20, 8) == "shm_direct"
     assert choose_shared_memory_mover("allgather", 512 << 10, 4) is None
     assert choose_shared_memory_mover("allgather", 16 << 20, 4) is None  # above 4 MiB: the MPI table
     for collective in ("gather", "scatter", "alltoall", "reduce"):
         assert choose_shared_memory_mover(collective, 16 << 20, 4) is None
+        assert choose_shared_memory_mover(collective, 16 << 20, 2) is None  # no cross-memory copies
 
 
 def test_the_fast_paths_limits_follow_the_auto_tables_first_rows():

@@ -166,14 +166,15 @@ def test_ranks_in_different_kinds_of_round_get_a_mismatch_error_long_before_the_
 
 
 @pytest.mark.parametrize("kind", ["plain", "symmetric", "mixed"])
-def test_a_two_rank_broadcast_split_by_cross_memory_attach_delivers_every_byte(kind):
-    """Threads of one process may copy from their own pid's memory, so the cooperative path (the
-    root writes the first half of the receiver's buffer, the receiver reads the rest) runs here;
-    under mpiexec it runs wherever the group's probe found cross-memory attach working."""
+def test_two_rank_rooted_movers_split_by_cross_memory_attach_deliver_every_byte(kind):
+    """Threads of one process may copy from their own pid's memory, so the split path (the rank
+    holding the bytes writes part of the other's buffer, the other reads the rest) runs here for
+    broadcast, scatter and gather; under mpiexec it runs wherever the group's probe found
+    cross-memory attach working."""
     from commlib.algorithms.shm_direct import COOPERATIVE_BYTES
     from commlib.cross_memory import CrossMemory
 
-    world = SharedWorld(2, staging_bytes=4096)
+    world = SharedWorld(2, staging_bytes=4096, heap_bytes=128 << 20)
     for transport in world.transports:
         transport.cross_memory = CrossMemory([os.getpid()] * 2)
     sources = Sources(world, 2, kind)
@@ -188,12 +189,38 @@ def test_a_two_rank_broadcast_split_by_cross_memory_attach_delivers_every_byte(k
         for bufs, root, _ in cases:
             get_algorithm("shm_direct", "broadcast")(transport, bufs[transport.rank], root, segment_bytes=1 << 20)
 
+    rooted = []  # scatter and gather: (whole, parts, root), checked both ways
+    for count in (COOPERATIVE_BYTES // 2, COOPERATIVE_BYTES + 4097):
+        for root in (0, 1):
+            whole = sources.make(2 * count, np.dtype(np.uint8), [3 * count + root, 5 * count + root])
+            parts = sources.make(count, np.dtype(np.uint8), [11 * count + root, 13 * count + root])
+            rooted.append((whole, parts, root, whole[root].copy(), [part.copy() for part in parts]))
+
+    def scatter_and_gather(transport):
+        rank = transport.rank
+        for whole, parts, root, _, _ in rooted:
+            scatter_out = np.zeros(parts[rank].size, np.uint8)
+            get_algorithm("shm_direct", "scatter")(transport, scatter_out, whole[rank] if rank == root else None,
+                                                   root, segment_bytes=1 << 20)
+            parts.append((rank, scatter_out))
+            gathered = np.zeros(whole[rank].size, np.uint8) if rank == root else None
+            get_algorithm("shm_direct", "gather")(transport, gathered, parts[rank], root, segment_bytes=1 << 20)
+            if rank == root:
+                parts.append(("gathered", gathered))
+
     world.run(body)
+    world.run(scatter_and_gather)
     for bufs, root, sent in cases:
         for rank in range(2):
             assert bufs[rank].tobytes() == sent.tobytes(), (kind, bufs[rank].size, root, rank)
-    # One epoch per broadcast, and no chunk ever staged (PROGRESS untouched).
-    assert all(t.epoch == len(cases) for t in world.transports)
+    for _, parts, root, sent_whole, sent_parts in rooted:
+        results = dict(parts[2:])
+        count = sent_parts[0].size
+        for rank in range(2):
+            assert results[rank].tobytes() == sent_whole[rank * count:(rank + 1) * count].tobytes(), (kind, root, rank)
+        assert results["gathered"].tobytes() == np.concatenate(sent_parts).tobytes(), (kind, root)
+    # One epoch per call, and no chunk ever staged (PROGRESS untouched).
+    assert all(t.epoch == len(cases) + 2 * len(rooted) for t in world.transports)
     assert [t.progress_of(1 - t.rank, t.epoch) for t in world.transports] == staged_before == [0, 0]
 
 

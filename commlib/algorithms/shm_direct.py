@@ -60,11 +60,16 @@ __all__ = ["broadcast_shm_direct", "allgather_shm_direct", "gather_shm_direct", 
 CHUNK_BYTES = 512 << 10
 
 # Two ranks that may copy from each other's private memory (cross-memory attach, see
-# commlib/cross_memory.py) split a broadcast's one copy from this size on: the root writes the
-# first PUSH_FRACTION of the receiver's buffer while the receiver reads the rest (the staged path's
-# two copies lost to the library's one from 4 MiB).
+# commlib/cross_memory.py) split a rooted mover's one cross copy from this size (the collective's
+# bytes) on: the rank holding the bytes writes part of the other's buffer while the other reads
+# the rest (the staged path's two copies lost to the library's one from 4 MiB).
 COOPERATIVE_BYTES = 1 << 20
-PUSH_FRACTION = 0.5
+# The sender's share of the copy, by collective: the root of a scatter also copies its own block,
+# and so does the root of a gather, there the receiver. Probe, P=2, 2026-12-01, share / the
+# library's time (its slower rank): broadcast 0.4, 0.5, 0.6, 0.7 in commlib/auto.py; scatter 0.1:
+# 0.85, 0.62, 0.89 at 4, 16, 64 MiB (0.25: 0.83, 1.2-1.3, 0.86-0.9; 0.5: 1.13, 1.2-1.3, 1.0);
+# gather 0.75: 0.52, 0.57, 0.90-0.93 (0.5: 0.71, 0.67-0.76, 0.85-0.89; 0.9: 0.44, 0.60, 0.94-0.96).
+PUSH_FRACTION = {"broadcast": 0.5, "scatter": 0.1, "gather": 0.75}
 
 # (peer, source_lo, source_hi, destination_lo): copy bytes [source_lo, source_hi) of ``peer``'s
 # source to ``destination[destination_lo:]`` (``peer`` may be this rank: a local copy).
@@ -84,43 +89,13 @@ def broadcast_shm_direct(transport, buf, root: int, *, segment_bytes: int) -> No
     n = buf.nbytes
     if transport.size == 1 or n == 0:
         return
-    if transport.size == 2 and n >= COOPERATIVE_BYTES and transport.cross_memory is not None:
-        _broadcast_cooperatively(transport, _bytes(buf), root, max(1, min(segment_bytes, COPY_BYTES)))
+    if _splits(transport, n):
+        _split_pair(transport, "broadcast", root, _bytes(buf), n, segment_bytes)
         return
     if transport.rank == root:
         move_rounds(transport, "broadcast", None, _bytes(buf), 1, n, [], [(0, n)], segment_bytes)
     else:
         move_rounds(transport, "broadcast", _bytes(buf), None, 1, n, [(root, 0, n, 0)], [], segment_bytes)
-
-
-def _broadcast_cooperatively(transport, data, root: int, copy_bytes: int) -> None:
-    """Two ranks, one epoch. A symmetric source is read where it is by the receiver (as in
-    the rounds below). Any other: the root writes the first ``PUSH_FRACTION`` of the receiver's
-    buffer and the receiver reads the rest from the root's, by cross-memory attach, at once (on
-    shared pages the kernel's copy is slower: a symmetric source split this way took 1.2-1.4x the
-    library's time at 16-64 MiB, read in place 0.84-0.89x). Each waits for the other's departure
-    before returning: the receiver reads the root's buffer, the root may write the receiver's."""
-    nbytes = data.nbytes
-    kind = move_kind_code("broadcast")
-    rank = transport.rank
-    epoch = transport.begin()
-    in_place = transport.locate(data) if rank == root else None
-    transport.publish_address(epoch, data.ctypes.data)
-    transport.arrive(epoch, in_place or 0, nbytes, kind, nbytes)  # 0: the control page, never a buffer
-    offered = transport.offers(epoch, nbytes, kind, nbytes)[root]  # both here, with the same size
-    peer = 1 - rank
-    if offered:
-        if rank != root:
-            _copy(data, 0, transport.peer_bytes(root, offered, nbytes), 0, nbytes, copy_bytes)
-    else:
-        address = transport.address_of(peer, epoch)
-        split = int(nbytes * PUSH_FRACTION)
-        if rank == root:
-            transport.cross_memory.write(peer, data[:split], address)
-        else:
-            transport.cross_memory.read(peer, address + split, data[split:])
-    transport.depart()
-    transport.wait_departed(epoch, "finish its part of the copy")
 
 
 def allgather_shm_direct(transport, out, inp, *, segment_bytes: int) -> None:
@@ -133,6 +108,15 @@ def allgather_shm_direct(transport, out, inp, *, segment_bytes: int) -> None:
 def gather_shm_direct(transport, out, inp, root: int, *, segment_bytes: int) -> None:
     size, rank = transport.size, transport.rank
     n = inp.nbytes
+    if n and _splits(transport, size * n):
+        other = 1 - root
+        if rank == root:
+            out_bytes = out.view(np.uint8)
+            _split_pair(transport, "gather", other, out_bytes[other * n:(other + 1) * n], size * n, segment_bytes,
+                        local=(out_bytes[root * n:(root + 1) * n], _bytes(inp)))
+        else:
+            _split_pair(transport, "gather", rank, _bytes(inp), size * n, segment_bytes)
+        return
     if rank == root:
         reads = [(peer, 0, n, peer * n) for peer in _rotated(rank, size)]
         move_rounds(transport, "gather", _bytes(out), _bytes(inp), 1, n, reads, [], segment_bytes)
@@ -143,12 +127,62 @@ def gather_shm_direct(transport, out, inp, root: int, *, segment_bytes: int) -> 
 def scatter_shm_direct(transport, out, inp, root: int, *, segment_bytes: int) -> None:
     size, rank = transport.size, transport.rank
     n = out.nbytes
+    if n and _splits(transport, size * n):
+        if rank == root:
+            inp_bytes, other = inp.view(np.uint8), 1 - root
+            _split_pair(transport, "scatter", root, inp_bytes[other * n:(other + 1) * n], size * n, segment_bytes,
+                        local=(_bytes(out), inp_bytes[root * n:(root + 1) * n]))
+        else:
+            _split_pair(transport, "scatter", root, _bytes(out), size * n, segment_bytes)
+        return
     mine = [(root, rank * n, (rank + 1) * n, 0)]
     if rank == root:
         move_rounds(transport, "scatter", _bytes(out), _bytes(inp), size, n, mine, _blocks(size, n, rank),
                     segment_bytes)
     else:
         move_rounds(transport, "scatter", _bytes(out), None, size, n, mine, [], segment_bytes)
+
+
+def _splits(transport, total_bytes: int) -> bool:
+    """Whether a rooted mover of ``total_bytes`` goes by :func:`_split_pair` (the same on both ranks)."""
+    return transport.size == 2 and total_bytes >= COOPERATIVE_BYTES and transport.cross_memory is not None
+
+
+def _split_pair(transport, collective: str, sender: int, piece, total_bytes: int, segment_bytes: int,
+                local=None) -> None:
+    """Two ranks, one epoch: ``piece`` (bytes) of rank ``sender`` lands in the other rank's
+    ``piece``. A symmetric source is read where it is by the receiver (as in the rounds). Any
+    other: the sender writes the first ``PUSH_FRACTION[collective]`` of the receiver's piece and
+    the receiver reads the rest from the sender's, by cross-memory attach, at once (on shared
+    pages the kernel's copy is slower: a symmetric source split this way took 1.2-1.4x the
+    library's time for a 16-64 MiB broadcast, read in place 0.84-0.89x). ``local``: the root's own
+    block, ``(destination, source)``, copied after its part. Each waits for the other's departure
+    before returning: the receiver reads the sender's memory, the sender may write the receiver's."""
+    nbytes = piece.nbytes
+    copy_bytes = max(1, min(segment_bytes, COPY_BYTES))
+    kind = move_kind_code(collective)
+    rank = transport.rank
+    epoch = transport.begin()
+    in_place = transport.locate(piece) if rank == sender else None
+    transport.publish_address(epoch, piece.ctypes.data)
+    transport.arrive(epoch, in_place or 0, nbytes, kind, total_bytes)  # 0: the control page, never a buffer
+    offered = transport.offers(epoch, nbytes, kind, total_bytes)[sender]  # both here, the same sizes
+    peer = 1 - rank
+    if offered:
+        if rank != sender:
+            _copy(piece, 0, transport.peer_bytes(sender, offered, nbytes), 0, nbytes, copy_bytes)
+    else:
+        address = transport.address_of(peer, epoch)
+        split = int(nbytes * PUSH_FRACTION[collective])
+        if rank == sender:
+            transport.cross_memory.write(peer, piece[:split], address)
+        else:
+            transport.cross_memory.read(peer, address + split, piece[split:])
+    if local is not None:
+        destination, source = local
+        _copy(destination, 0, source, 0, source.nbytes, copy_bytes)
+    transport.depart()
+    transport.wait_departed(epoch, "finish its part of the copy")
 
 
 def alltoall_shm_direct(transport, out, inp, *, segment_bytes: int) -> None:

@@ -110,6 +110,10 @@ def check_data_movers(pg, check):
     chosen = pg.resolve_algorithm("auto", huge.nbytes, collective="broadcast")
     check.check((chosen == "shm_direct") == (size in (4, 8) or (size == 2 and cross_memory)),
                 f"auto broadcast of 3 MiB at P={size} (cross-memory {cross_memory}): {chosen}")
+    for collective in ("scatter", "gather"):
+        chosen = pg.resolve_algorithm("auto", 8 << 20, collective=collective)
+        check.check((chosen == "shm_direct") == (size == 2 and cross_memory),
+                    f"auto {collective} of 8 MiB at P={size} (cross-memory {cross_memory}): {chosen}")
     for kind in ("plain", "symmetric"):
         for root in range(size):
             buf = pg.alloc(huge.size, np.uint8) if kind == "symmetric" else np.empty(huge.size, np.uint8)
@@ -117,6 +121,18 @@ def check_data_movers(pg, check):
             pg.broadcast(buf, root, algorithm="shm_direct")
             check.equal(buf, huge, f"shm_direct broadcast of 3 MiB, {kind}, from {root}")
             del buf
+            # scatter and gather of 3 MiB in all (at P=2 split like the broadcast)
+            whole = pg.alloc(huge.size - huge.size % size, np.uint8) if kind == "symmetric" else \
+                np.empty(huge.size - huge.size % size, np.uint8)
+            whole[...] = huge[:whole.size]
+            part = np.empty(whole.size // size, np.uint8)
+            pg.scatter(part, whole if rank == root else None, root, algorithm="shm_direct")
+            check.equal(part, huge[rank * part.size:(rank + 1) * part.size], f"shm_direct scatter, {kind}, from {root}")
+            gathered = np.empty(whole.size, np.uint8) if rank == root else None
+            pg.gather(gathered, whole[rank * part.size:(rank + 1) * part.size], root, algorithm="shm_direct")
+            if rank == root:
+                check.equal(gathered, huge[:whole.size], f"shm_direct gather, {kind}, to {root}")
+            del whole
     block = random_bytes(6 + rank, (600 << 10) // size, np.dtype(np.uint8))
     gathered = np.empty(block.size * size, np.uint8)
     chosen = pg.resolve_algorithm("auto", gathered.nbytes, collective="allgather")
