@@ -215,9 +215,17 @@ def choose_shared_memory_allreduce(nbytes: int, world_size: int, symmetric: bool
 # table's choice, both over MPI_Allgather in the same run: P = 4: 0.91 / 1.33 and 0.86 / 1.11 at 1
 # and 4 MiB, 1.15 / 1.03 at 16 MiB; P = 8: 0.97 / 1.64, 0.78 / 1.14, 0.90 / 1.09; at 256 KiB
 # 1.81-1.88 / 1.74-1.81.
+# Gather and scatter (`-b 256K -e 4M -a auto,shm_direct`, then `-b 4M -e 64M -a
+# native,binomial,shm_direct,auto`), shm_direct / the table's choice: gather P = 4: 0.75 / 1.63,
+# 0.40 / 1.31, 0.26 / 1.12 at 256 KiB, 1, 4 MiB, 0.26-0.29 / 0.38-0.40 at 16-64 MiB; P = 8: 1.09 /
+# 1.55, 0.60 / 1.36, 0.29 / 1.32. Scatter P = 4: 2.08 / 1.92, 0.78 / 1.18, 0.98 / 1.13, then
+# 0.63-0.67 / 1.03-1.05 at 4-16 MiB, 0.38 / 1.04 at 64 MiB; P = 8: 2.14 / 2.04, 0.97 / 1.25,
+# 0.87 / 1.16.
 _SHARED_MEMORY_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], ...]] = {
     ("broadcast", "pow2"): ((512 * KiB, None), (INF, "shm_direct")),
     ("allgather", "pow2"): ((512 * KiB, None), (4 * MiB, "shm_direct"), (INF, None)),
+    ("gather", "pow2"): ((256 * KiB - 1, None), (INF, "shm_direct")),
+    ("scatter", "pow2"): ((MiB - 1, None), (INF, "shm_direct")),
 }
 
 

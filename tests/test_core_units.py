@@ -66,7 +66,7 @@ def test_auto_tables_cover_every_collective_and_name_registered_algorithms():
                                                                           algorithm_names("alltoallv"))
 
 
-def test_auto_picks_shm_direct_for_large_broadcasts_and_allgathers_at_four_and_eight_ranks_by_size():
+def test_auto_picks_shm_direct_where_it_was_measured_faster_by_size_and_the_groups_probe_only():
     from commlib.auto import choose_shared_memory_mover
 
     assert choose_shared_memory_mover("broadcast", 1 << 20, 4) == "shm_direct"
@@ -86,9 +86,15 @@ def test_auto_picks_shm_direct_for_large_broadcasts_and_allgathers_at_four_and_e
     assert choose_shared_memory_mover("allgather", 4 << 20, 8) == "shm_direct"
     assert choose_shared_memory_mover("allgather", 512 << 10, 4) is None
     assert choose_shared_memory_mover("allgather", 16 << 20, 4) is None  # above 4 MiB: the MPI table
-    for collective in ("gather", "scatter", "alltoall", "reduce"):
+    assert choose_shared_memory_mover("gather", 256 << 10, 4) == "shm_direct"
+    assert choose_shared_memory_mover("gather", (256 << 10) - 1, 8) is None
+    assert choose_shared_memory_mover("scatter", 1 << 20, 8) == "shm_direct"
+    assert choose_shared_memory_mover("scatter", (1 << 20) - 1, 4) is None
+    for collective in ("alltoall", "reduce"):
         assert choose_shared_memory_mover(collective, 16 << 20, 4) is None
+    for collective in ("gather", "scatter", "alltoall", "reduce"):
         assert choose_shared_memory_mover(collective, 16 << 20, 2) is None  # no cross-memory copies
+        assert choose_shared_memory_mover(collective, 16 << 20, 3) is None
 
 
 def test_the_fast_paths_limits_follow_the_auto_tables_first_rows():

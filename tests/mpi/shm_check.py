@@ -112,7 +112,7 @@ def check_data_movers(pg, check):
                 f"auto broadcast of 3 MiB at P={size} (cross-memory {cross_memory}): {chosen}")
     for collective in ("scatter", "gather"):
         chosen = pg.resolve_algorithm("auto", 8 << 20, collective=collective)
-        check.check((chosen == "shm_direct") == (size == 2 and cross_memory),
+        check.check((chosen == "shm_direct") == (size in (4, 8) or (size == 2 and cross_memory)),
                     f"auto {collective} of 8 MiB at P={size} (cross-memory {cross_memory}): {chosen}")
     for kind in ("plain", "symmetric"):
         for root in range(size):
