@@ -25,7 +25,8 @@ variable                    meaning                                             
 ``COMMLIB_SHM_STAGING_BYTES`` each of a rank's two staging halves (``shm_twoshot``     ``16 MiB``
                             rounds, plain buffers are copied there)
 ``COMMLIB_SHM_CMA``         ``0``: no cross-memory copies (``process_vm_readv``) in     ``1``
-                            ``shm_direct``'s two-rank broadcast, even where they work
+                            ``shm_direct``'s two-rank broadcast, scatter and gather,
+                            even where they work
 ``COMMLIB_COST_MODEL``      a cost model JSON (``python -m commlib.costmodel fit``):    (unset)
                             ``"auto"`` picks its cheapest prediction for groups that
                             span hosts

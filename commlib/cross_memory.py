@@ -2,8 +2,9 @@
 
 ``process_vm_readv`` copies from another process's memory into ours and ``process_vm_writev`` the
 other way, one kernel copy with no shared mapping: how the MPI library moves a large message
-within a host, and how ``shm_direct``'s two-rank broadcast splits one copy between both ranks (the
-root writes part of the receiver's buffer while the receiver reads the rest).
+within a host, and how ``shm_direct``'s two-rank broadcast, scatter and gather split one copy
+between both ranks (the rank holding the bytes writes part of the other's buffer while the other
+reads the rest).
 
 Whether a process may do it depends on the system, not on us: the ptrace access check (Yama's
 ``ptrace_scope`` allows only descendants at 1), container seccomp profiles (which often refuse

@@ -220,7 +220,8 @@ class SharedMemoryTransport(Transport):
         self._views: Dict[tuple, np.ndarray] = {}
         self._located: tuple = (_dead_reference, None)  # (weak reference to the last buffer located, its offset)
         # Set by the group when every rank can copy from every peer's private memory (see
-        # commlib/cross_memory.py): shm_direct's two-rank broadcast then splits its one copy.
+        # commlib/cross_memory.py): shm_direct's two-rank broadcast, scatter and gather then split
+        # their one cross copy between the two ranks.
         self.cross_memory: Optional[Any] = None
         self.slot_round, self._forget_slot_views = self._build_slot_round()
 
