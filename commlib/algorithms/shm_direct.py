@@ -50,7 +50,9 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..transports.shm import PROGRESS_BITS, move_kind_code
-from .shm_twoshot import COPY_BYTES
+# reduce_order: this rank first, then rank + 1, rank + 2, ...: the ranks read different peers at any
+# moment, in the reads below as in the two-shot's reductions.
+from .shm_twoshot import COPY_BYTES, copy_in_pieces, reduce_order
 
 __all__ = ["broadcast_shm_direct", "allgather_shm_direct", "gather_shm_direct", "scatter_shm_direct",
            "alltoall_shm_direct", "move_rounds", "Read", "CHUNK_BYTES"]
@@ -101,7 +103,7 @@ def broadcast_shm_direct(transport, buf, root: int, *, segment_bytes: int) -> No
 def allgather_shm_direct(transport, out, inp, *, segment_bytes: int) -> None:
     size, rank = transport.size, transport.rank
     n = inp.nbytes
-    reads = [(peer, 0, n, peer * n) for peer in _rotated(rank, size)]
+    reads = [(peer, 0, n, peer * n) for peer in reduce_order(rank, size)]
     move_rounds(transport, "allgather", _bytes(out), _bytes(inp), 1, n, reads, [(0, n)], segment_bytes)
 
 
@@ -118,7 +120,7 @@ def gather_shm_direct(transport, out, inp, root: int, *, segment_bytes: int) -> 
             _split_pair(transport, "gather", rank, _bytes(inp), size * n, segment_bytes)
         return
     if rank == root:
-        reads = [(peer, 0, n, peer * n) for peer in _rotated(rank, size)]
+        reads = [(peer, 0, n, peer * n) for peer in reduce_order(rank, size)]
         move_rounds(transport, "gather", _bytes(out), _bytes(inp), 1, n, reads, [], segment_bytes)
     else:
         move_rounds(transport, "gather", None, _bytes(inp), 1, n, [], [(0, n)], segment_bytes)
@@ -188,15 +190,9 @@ def _split_pair(transport, collective: str, sender: int, piece, total_bytes: int
 def alltoall_shm_direct(transport, out, inp, *, segment_bytes: int) -> None:
     size, rank = transport.size, transport.rank
     block = inp.nbytes // size
-    reads = [(peer, rank * block, (rank + 1) * block, peer * block) for peer in _rotated(rank, size)]
+    reads = [(peer, rank * block, (rank + 1) * block, peer * block) for peer in reduce_order(rank, size)]
     move_rounds(transport, "alltoall", _bytes(out), _bytes(inp), size, block, reads, _blocks(size, block, rank),
                 segment_bytes)
-
-
-def _rotated(rank: int, size: int) -> List[int]:
-    """Every rank, this one first, then ``rank + 1, rank + 2, ...``: the ranks read different
-    peers at any moment."""
-    return [(rank + step) % size for step in range(size)]
 
 
 def move_rounds(transport, collective: str, destination, source, blocks: int, block_bytes: int,
@@ -297,11 +293,9 @@ def _stage(transport, epoch: int, staging, source, windows, read_by_peers: Seque
 
 
 def _copy(destination, to: int, source, frm: int, nbytes: int, copy_bytes: int) -> None:
-    """``destination[to:to + nbytes] = source[frm:frm + nbytes]`` in cache-sized pieces (one
-    large copy takes glibc's non-temporal path, 1.5x slower here: see shm_twoshot)."""
-    for done in range(0, nbytes, copy_bytes):
-        step = min(copy_bytes, nbytes - done)
-        destination[to + done:to + done + step] = source[frm + done:frm + done + step]
+    """``destination[to:to + nbytes] = source[frm:frm + nbytes]`` in cache-sized pieces (the
+    two-shot's ``copy_in_pieces``, between different offsets)."""
+    copy_in_pieces(destination[to:to + nbytes], source[frm:frm + nbytes], 0, nbytes, copy_bytes)
 
 
 # The registry's flags are function attributes (see algorithms/__init__.py), which mypy cannot type.
