@@ -198,7 +198,12 @@ def choose_shared_memory_allreduce(nbytes: int, world_size: int, symmetric: bool
     """The shared-memory algorithm ``"auto"`` means on a one-host group, or None (the MPI table)."""
     if world_size == 1:
         return None
-    for bound, name in _SHARED_MEMORY_TABLE[(world_class(world_size), bool(symmetric))]:
+    return _first_row(_SHARED_MEMORY_TABLE[(world_class(world_size), bool(symmetric))], nbytes)
+
+
+def _first_row(rows, nbytes: int) -> Optional[str]:
+    """The algorithm of the first row whose bound ``nbytes`` fits under, or None."""
+    for bound, name in rows:
         if nbytes <= bound:
             return name
     return None
@@ -252,10 +257,7 @@ def choose_shared_memory_mover(collective: str, nbytes: int, world_size: int,
         return None
     key = (collective, world_class(world_size))
     rows = _CROSS_MEMORY_MOVERS.get(key) if cross_memory else None
-    for bound, name in rows or _SHARED_MEMORY_MOVERS.get(key, ()):
-        if nbytes <= bound:
-            return name
-    return None
+    return _first_row(rows or _SHARED_MEMORY_MOVERS.get(key, ()), nbytes)
 
 
 def shared_memory_inline_bytes(world_size: int) -> float:
