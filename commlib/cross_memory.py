@@ -9,8 +9,8 @@ reads the rest).
 Whether a process may do it depends on the system, not on us: the ptrace access check (Yama's
 ``ptrace_scope`` allows only descendants at 1), container seccomp profiles (which often refuse
 both calls), other kernels. So a group finds out once, collectively (:func:`probe_cross_memory`):
-each rank reads a token every peer wrote into its own memory and compares it with what the
-shared mapping shows; only when every rank succeeded with every peer does any rank use it, so all
+each rank reads a token from every peer's private memory and compares it with the value that
+peer announced; only when every rank succeeded with every peer does any rank use it, so all
 choose the same path.
 """
 
@@ -85,8 +85,7 @@ def probe_cross_memory(comm, transport) -> Optional[CrossMemory]:
     """Collective over ``comm`` (the ranks of ``transport``, one host): a :class:`CrossMemory`
     on every rank if every rank can read every peer's memory, else None on every rank."""
     token = np.array([(os.getpid() << 20) ^ id(transport) ^ 0x5A5A5A5A], np.int64)
-    addresses = comm.allgather(token.ctypes.data)
-    tokens = comm.allgather(int(token[0]))
+    announced = comm.allgather((token.ctypes.data, int(token[0])))  # (address, value) by rank
     works = True
     cross: Optional[CrossMemory] = None
     try:
@@ -95,8 +94,9 @@ def probe_cross_memory(comm, transport) -> Optional[CrossMemory]:
         for peer in range(comm.Get_size()):
             if peer != comm.Get_rank():
                 seen[0] = 0
-                cross.read(peer, addresses[peer], seen)
-                works = works and int(seen[0]) == tokens[peer]
+                address, value = announced[peer]
+                cross.read(peer, address, seen)
+                works = works and int(seen[0]) == value
     except (OSError, CommError):
         works = False
     # Every rank keeps its token alive until all have read it.
