@@ -16,7 +16,7 @@ import numpy as np
 
 import commlib
 from commlib import InvalidUsageError, ReduceOp
-from verdict import DTYPES, OPS, Checker
+from verdict import DTYPES, OPS, Checker, random_bytes
 
 COUNTS_EXTRA = 301  # many 16-byte segments
 
@@ -37,10 +37,6 @@ def reduced(size, count, op):
 
 def tagged(rank, count, dtype, salt=0):
     return ((np.arange(count) * 7 + rank * 31 + salt * 5) % 97).astype(dtype)
-
-
-def random_bytes(seed, count, dtype):
-    return np.random.default_rng(seed).integers(0, 256, count * dtype.itemsize, dtype=np.uint8).view(dtype)
 
 
 class Runner:

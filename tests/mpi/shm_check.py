@@ -23,7 +23,7 @@ import commlib
 from commlib import InvalidUsageError, ReduceOp
 from commlib.shared_memory import shared_directory
 from inline_checks import wait_for_empty_line
-from verdict import DTYPES, OPS, Checker, expected_reduction, rank_values
+from verdict import DTYPES, OPS, Checker, expected_reduction, random_bytes, rank_values
 
 ALGORITHMS = ["shm_oneshot", "shm_twoshot", "auto"]
 
@@ -42,10 +42,6 @@ def check_shared_memory_off(pg, check):
     pg.allreduce(buf)
     check.equal(buf, np.full(1000, pg.size * (pg.size + 1) / 2), "auto allreduce without shared memory")
     check.finish()
-
-
-def random_bytes(seed, count, dtype):
-    return np.random.default_rng(seed).integers(0, 256, count * dtype.itemsize, dtype=np.uint8).view(dtype)
 
 
 def check_data_movers(pg, check):

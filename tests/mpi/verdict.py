@@ -35,6 +35,11 @@ def rank_values(rank: int, count: int, op: ReduceOp) -> np.ndarray:
     return (index + 2 * rank) % 3 + 1
 
 
+def random_bytes(seed: int, count: int, dtype) -> np.ndarray:
+    """``count`` elements of ``dtype`` with random bytes (NaN payloads included), from ``seed``."""
+    return np.random.default_rng(seed).integers(0, 256, count * dtype.itemsize, dtype=np.uint8).view(dtype)
+
+
 def expected_reduction(size: int, count: int, op: ReduceOp) -> np.ndarray:
     """The closed form of an allreduce of :func:`rank_values` over ``size`` ranks (float64)."""
     stacked = np.stack([rank_values(r, count, op) for r in range(size)]).astype(np.float64)
