@@ -381,10 +381,12 @@ def _measure(setup: Setup, comm, pg, baseline: str, algorithms, args, factor: fl
         contenders.update({f"{name}@sym": functools.partial(setup.ours_symmetric, name) for name in algorithms})
     if args.floor:
         # On the buffer the reset wrote last (the symmetric one, when there is one), as the
-        # collective on it finds it.
-        floor_buf = setup.symmetric if setup.symmetric is not None else setup.target
-        contenders[FLOOR_NAME] = twoshot_floor(floor_buf, setup.pristine, rank, size, ReduceOp.coerce(setup.op),
-                                               pg.config.shm_staging_bytes)
+        # collective on it finds it; the push's stand-in for the peers' buffers is the plain
+        # one, written by the reset just before (see commlib/bench_floor.py).
+        push = setup.symmetric is not None
+        contenders[FLOOR_NAME] = twoshot_floor(setup.symmetric if push else setup.target,
+                                               setup.target if push else setup.pristine, rank, size,
+                                               ReduceOp.coerce(setup.op), pg.config.shm_staging_bytes, push=push)
     timings = time_interleaved(comm, contenders, setup.reset, args.iters, args.warmup)
     baseline_time = timings.get(baseline)
     rows = []

@@ -49,13 +49,15 @@ def open_host_memory(comm: MPI.Comm, config, *, p2p, progress_board) -> Optional
     host_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     try:
         host_ranks = host_comm.allgather(rank)  # group rank of each host rank
-        files = map_host_files(host_comm, layout.total_bytes, kind="shm")
+        # Peers may write each other's heap (shm_twoshot pushes reduced slices into the peers'
+        # symmetric buffers), nothing else of a segment.
+        files = map_host_files(host_comm, layout.total_bytes, kind="shm", peers_writable_from=layout.heap_start)
     finally:
         host_comm.Free()
     everywhere = comm.allreduce(files is not None, op=MPI.LAND)
     if not everywhere or files is None:  # files is None only where everywhere is False
         if files is not None:
-            for mapping in files.mappings:
+            for mapping in files.mappings + (files.tails or []):
                 if mapping is not None:
                     mapping.close()
         return None
@@ -63,7 +65,7 @@ def open_host_memory(comm: MPI.Comm, config, *, p2p, progress_board) -> Optional
     transport = SharedMemoryTransport(files.mappings, files.host_rank, layout,
                                       p2p=p2p if single_host else None, pids=files.pids,
                                       hostname=files.hostname, ranks=host_ranks,
-                                      progress_board=progress_board)
+                                      progress_board=progress_board, heaps=files.tails)
     # Across hosts too: a collective of the group that runs a phase on this host's ranks (the
     # intra-host steps of a hierarchical allreduce) has its deadline and description here.
     transport.context = p2p.context
@@ -132,6 +134,7 @@ class HostMemory:
         for peer in range(self.transport.size):
             if peer != self.transport.rank:
                 populate(self.transport.segments[peer], region.offset, nbytes, write=False)
+                self.transport.populate_heap(peer, region.offset, nbytes)
         root = np.frombuffer(self._own, dtype=dtype, count=nbytes // dtype.itemsize, offset=region.offset)
         weakref.finalize(root, self._release, region)
         return root.reshape(shape)

@@ -37,6 +37,7 @@ from .transports.interface import format_bytes
 from .transports.mpi import as_bytes
 from .transports.polling import (GIVE_UP_CHECK_SECONDS, MAX_SLEEP_SECONDS, SLEEP_AFTER_SECONDS, polls_per_yield,
                                  wait_all)
+from .timer_slack import fine_timer_slack
 from .validation import array_kind, check_buffer, check_peer, check_tag, check_timeout
 from .work import Work
 
@@ -208,6 +209,7 @@ class PointToPoint:
         return work
 
     def _progress_loop(self) -> None:
+        fine_timer_slack()  # this thread only waits: its short sleeps end on time (commlib/timer_slack.py)
         polls, idle_since, sleep = 0, time.monotonic(), 1e-5
         next_give_up_check = idle_since + SLEEP_AFTER_SECONDS
         every = polls_per_yield()  # fixed since commlib.init counted the ranks on this machine

@@ -46,6 +46,8 @@ class HostFiles(NamedTuple):
     hostname: str
     host_rank: int
     fds: Optional[List[Optional[int]]] = None  # open descriptors of the files, with keep_fds (caller closes)
+    # With peers_writable_from: each peer's file from that offset on, mapped read-write (None: own)
+    tails: Optional[List[Optional[mmap.mmap]]] = None
 
 
 def shared_directory() -> str:
@@ -53,13 +55,15 @@ def shared_directory() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
-def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str,
-                   peers_writable: bool = False, keep_fds: bool = False) -> Optional[HostFiles]:
+def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str, peers_writable: bool = False,
+                   peers_writable_from: Optional[int] = None, keep_fds: bool = False) -> Optional[HostFiles]:
     """Collective over ``host_comm``: each rank's file of ``nbytes`` (none for 0), mapped by all.
 
     This rank's own file is mapped read-write; the others read-only unless ``peers_writable``
     (a read-only mapping turns a stray write into a crash instead of silent corruption of a
-    peer's data). Returns None on every rank when any rank failed (each says why on stderr).
+    peer's data). ``peers_writable_from`` (page-aligned, below ``nbytes``): each peer's file from
+    there to its end is mapped once more, read-write, in ``tails`` (the part peers may write).
+    Returns None on every rank when any rank failed (each says why on stderr).
     ``keep_fds``: the descriptors stay open in ``fds`` (to hand a mapping to another process).
     """
     host_rank = host_comm.Get_rank()
@@ -76,17 +80,22 @@ def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str,
             path, error = None, exc
     entries = host_comm.allgather((path, nbytes, os.getpid(), error is not None))
     mappings: List[Optional[mmap.mmap]] = [None] * len(entries)
+    tails: List[Optional[mmap.mmap]] = [None] * len(entries)
     fds: List[Optional[int]] = [None] * len(entries)
     if not any(failed for *_, failed in entries):
         for peer, (peer_path, peer_bytes, _pid, _failed) in enumerate(entries):
             if peer_bytes == 0:
                 continue
             writable = peer == host_rank or peers_writable
+            tail_from = peers_writable_from if peer != host_rank else None
             try:
-                fd = os.open(peer_path, os.O_RDWR if writable else os.O_RDONLY)
+                fd = os.open(peer_path, os.O_RDWR if writable or tail_from is not None else os.O_RDONLY)
                 try:
                     mappings[peer] = mmap.mmap(fd, peer_bytes,
                                                access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+                    if tail_from is not None:
+                        tails[peer] = mmap.mmap(fd, peer_bytes - tail_from, access=mmap.ACCESS_WRITE,
+                                                offset=tail_from)
                 finally:
                     if keep_fds:
                         fds[peer] = fd
@@ -105,7 +114,7 @@ def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str,
         sys.stderr.write(f"commlib: rank {MPI.COMM_WORLD.Get_rank()} on {socket.gethostname()}: no "
                          f"shared {kind} memory ({type(error).__name__}: {error})\n")
     if not everyone_mapped:
-        for mapping in mappings:
+        for mapping in mappings + tails:
             if mapping is not None:
                 mapping.close()
         for kept in fds:
@@ -113,7 +122,7 @@ def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str,
                 os.close(kept)
         return None
     return HostFiles(mappings, [pid for _path, _bytes, pid, _failed in entries], socket.gethostname(),
-                     host_rank, fds if keep_fds else None)
+                     host_rank, fds if keep_fds else None, tails if peers_writable_from is not None else None)
 
 
 def populate(mapping: mmap.mmap, offset: int, nbytes: int, *, write: bool) -> None:

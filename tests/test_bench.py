@@ -85,6 +85,31 @@ def test_the_two_shot_floor_does_the_two_shot_work_on_every_element(size, rank):
         assert np.array_equal(buf, np.full(count, size - 1, np.float32)), (count, np.unique(buf))
 
 
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_the_push_floor_reduces_and_writes_every_element_on_exactly_one_rank(size):
+    """The symmetric buffers' schedule: each rank reduces its chunks (P - 1 reads of the stand-in)
+    and copies them into the P - 1 destinations where the collective writes its peers; over the
+    ranks, every element of every round is done exactly once (odd lengths, several rounds)."""
+    import numpy as np
+
+    from commlib.bench_floor import twoshot_floor
+    from commlib.ops import ReduceOp
+
+    for count in (size, 1001, 40_003):
+        done = np.zeros(count, np.int64)
+        for rank in range(size):
+            buf = np.zeros(count, np.float32)
+            destinations = [np.zeros(count, np.float32) for _ in range(size - 1)]
+            twoshot_floor(buf, np.ones(count, np.float32), rank, size, ReduceOp.SUM, round_bytes=16 << 10,
+                          push=True, destinations=destinations)()
+            mine = buf != 0
+            assert np.array_equal(buf[mine], np.full(int(mine.sum()), size - 1, np.float32)), (count, rank)
+            for destination in destinations:
+                assert np.array_equal(destination, buf), (count, rank)
+            done += mine
+        assert np.array_equal(done, np.ones(count, np.int64)), (count, np.unique(done))
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("collective,factor", [("broadcast", 1.0), ("reduce", 1.0), ("allgather", 0.5),
                                                ("reduce_scatter", 0.5), ("alltoall", 0.5)])

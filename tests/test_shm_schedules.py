@@ -15,7 +15,7 @@ import pytest
 
 from commlib import CollectiveMismatchError, CommTimeoutError, ReduceOp
 from commlib.algorithms import get_algorithm
-from commlib.algorithms.shm_twoshot import chunk_spans, gather_order, reduce_order, round_slices
+from commlib.algorithms.shm_twoshot import chunk_spans, gather_order, interleaved_chunks, reduce_order, round_slices
 from commlib.symmetric_heap import SymmetricHeap
 from commlib.transports.inprocess import InProcessWorld
 from commlib.transports.shm import SegmentLayout, SharedMemoryTransport
@@ -147,6 +147,57 @@ def test_twoshot_schedule_rotates_and_covers_every_element_once():
             assert sorted(gather_order(rank, size)) == sorted(set(range(size)) - {rank})
         for step in range(size):
             assert sorted(reduce_order(rank, size)[step] for rank in range(size)) == list(range(size))
+        # The push's chunks: every element on exactly one rank, every rank some (from P elements).
+        for count in (0, 1, size, 7 * size + 3, 1000):
+            owned = [interleaved_chunks(count, rank, size, 64) for rank in range(size)]
+            covered = sorted(span for chunks in owned for span in chunks)
+            ends = [hi for _, hi in covered]
+            assert [lo for lo, _ in covered] == ([0] + ends[:-1] if covered else [])  # back to back from 0
+            assert sum(hi - lo for lo, hi in covered) == count
+            assert count < size or all(owned), (count, owned)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("writable_heaps", [False, True])
+def test_twoshot_pushes_where_peers_heaps_are_writable_and_pulls_where_not(tmp_path, size, writable_heaps):
+    """As under mpiexec: segments in files, peers' mapped read-only. With a writable mapping of
+    each peer's heap (what open_host_memory makes) symmetric buffers take the push, which
+    publishes no chunk progress; without one the pull. Both end with the reduction everywhere."""
+    layout = SegmentLayout.create(64, 512, 1 << 16)
+    paths = []
+    for rank in range(size):
+        paths.append(tmp_path / f"segment{rank}")
+        paths[-1].write_bytes(bytes(layout.total_bytes))
+    files = [open(path, "r+b") for path in paths]
+    world = InProcessWorld(size, timeout=20.0)
+    transports = []
+    for rank in range(size):
+        segments = [mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_WRITE if peer == rank else mmap.ACCESS_READ)
+                    for peer, f in enumerate(files)]
+        heaps = [None if peer == rank else mmap.mmap(f.fileno(), layout.total_bytes - layout.heap_start,
+                                                     access=mmap.ACCESS_WRITE, offset=layout.heap_start)
+                 for peer, f in enumerate(files)] if writable_heaps else None
+        transports.append(SharedMemoryTransport(segments, rank, layout, p2p=world.transports[rank], heaps=heaps))
+    count = 1000  # 8000 bytes: 16 rounds of 512
+    region = SymmetricHeap(layout.heap_start, layout.total_bytes).place(count * 8)
+    buffers = [np.frombuffer(transport.own_segment, np.float64, count, region.offset) for transport in transports]
+    for rank, buf in enumerate(buffers):
+        buf[...] = np.arange(count) + rank
+    world.run(lambda p2p: get_algorithm("shm_twoshot")(transports[p2p.rank], buffers[p2p.rank], ReduceOp.SUM,
+                                                        segment_bytes=64))
+    for buf in buffers:
+        assert np.array_equal(buf, np.arange(count) * size + sum(range(size)))
+    for transport in transports:
+        assert transport.peers_writable == writable_heaps
+        published = [transport.progress_of(peer, transport.epoch) for peer in range(size)]
+        assert (max(published) == 0) == writable_heaps, published
+    with pytest.raises(ValueError, match="read-only"):
+        transports[0].peer_bytes(1, 0, 8).fill(1)  # a peer's control page stays read-only either way
+    buffers.clear()  # the mappings close only without arrays over them
+    for transport in transports:
+        transport.close()
+    for f in files:
+        f.close()
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

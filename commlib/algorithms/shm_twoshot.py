@@ -1,42 +1,53 @@
-"""``shm_twoshot``: reduce-scatter, then allgather, both by reading peers' memory in place.
+"""``shm_twoshot``: reduce-scatter, then allgather, both straight in the ranks' shared memory.
 
 Needs a transport with direct access to its peers' memory (the ranks of one host, see
 :mod:`commlib.transports.shm`). Terms: a **round** is one pass over at most a staging half's
 worth of the buffer (each round is a collective of its own: its own epoch); a round is cut into
-``P`` **slices**, rank ``r`` owning slice ``r``; a slice is cut into **chunks** of at most
-``min(segment_bytes, 256 KiB)``, small enough that a chunk and its partial result stay in cache.
+**chunks** small enough that a chunk and its partial result stay in cache.
 
 Where a rank's data is: a **symmetric** buffer (``ProcessGroup.alloc``) already lives in its
 segment and is offered in place (zero copy); a plain buffer's round is first copied to the
 rank's staging half, except its own slice, which only it reads.
 
-One round:
+One round begins with *arrive*: publish where the round's data is, wait until every rank has.
+Then one of two schedules, chosen alike on every rank from the offers:
 
-1. *Arrive*: publish where the round's data is; wait until every rank has.
-2. *Reduce-scatter*: rank ``r`` reduces slice ``r`` chunk by chunk, its own contribution first,
-   then ranks ``r + 1, r + 2, ...`` (rotated, so the ranks read different peers at any moment),
-   into its own memory while the chunk is in cache (AVG divides it there), and publishes
-   PROGRESS after every chunk.
-3. *Allgather*: rank ``r`` copies slice ``j`` from rank ``j``, chunk by chunk as ``j``'s
+**Push** (every rank's buffer symmetric, and the peers' heaps writable here): rank ``r`` takes
+every ``P``-th chunk of the round from chunk ``r`` on (interleaved, so that every rank gets as
+much of the freshly written and of the older part of a buffer). For each chunk it combines its
+own contribution with the peers' (rotated: ranks ``r + 1, r + 2, ...``) into its own buffer
+(AVG divides there) and writes the result into every peer's buffer while the chunk is still in
+its cache. Then *depart* (DONE, after a fence), and before returning, wait until every peer has
+departed: then every chunk of this rank's buffer has been written. No counter per chunk.
+
+**Pull** (any plain buffer): the round is cut into ``P`` **slices**, rank ``r`` owning slice
+``r``.
+
+1. *Reduce-scatter*: rank ``r`` reduces slice ``r`` chunk by chunk as above, into its own memory,
+   and publishes PROGRESS after every chunk.
+2. *Allgather*: rank ``r`` copies slice ``j`` from rank ``j``, chunk by chunk as ``j``'s
    PROGRESS covers it (peers in rotated order), in cache-sized pieces.
-4. *Depart*: publish DONE. A symmetric buffer waits, before returning, until every peer has
+3. *Depart*: publish DONE. A symmetric buffer waits, before returning, until every peer has
    departed (the caller may write its buffer next); staging defers that wait to the staging
    half's next use.
 
-Invariants: slice ``j`` is computed by rank ``j`` alone and copied by everyone else, so every
-rank ends with the same bytes. A rank writes peer-visible memory only where no peer reads any
-more: its own slice, which peers read only after PROGRESS covers it, and the other slices, which
-rank ``j`` has read (in step 2) before its PROGRESS covered them.
+Invariants: each chunk is computed by one rank alone and copied from it by everyone else, so
+every rank ends with the same bytes. A rank writes peer-visible memory only where no peer reads
+any more: in the push, only the chunks it computes, which no other rank reads or writes in that
+round; in the pull, its own slice, which peers read only after PROGRESS covers it, and the other
+slices, which rank ``j`` has read (in step 1) before its PROGRESS covered them.
 
-Cost per rank for ``n`` bytes: 2 synchronisations per round plus one counter per chunk,
-``(P-1)/P n`` read in each phase and ``n`` written: bandwidth-optimal like the ring, without any
-message and without the ring's receive copies. A plain buffer adds one staging copy of
-``(P-1)/P n`` and one of ``n/P`` (at 64 MiB and P = 2 that made it slower than the ring: see
-the README).
+Cost per rank for ``n`` bytes at P = 2: the push reads both contributions of its ``n/2`` and
+writes them twice, the least an in-place allreduce can do (each buffer read once and written
+once); the pull reads ``n/2`` more (the peer's reduced slice). Measured at 64 MiB: 3.1 ms for
+the push against 4.2-4.6 ms for the pull and 5.5-5.8 ms for the ring (see the README). A plain
+buffer adds one staging copy of ``(P-1)/P n`` and one of ``n/P`` (at 64 MiB and P = 2 that made
+it slower than the ring).
 
 ``slice_hook`` (for a hierarchical allreduce): called with each round's reduced slice of this
 rank (an array in this rank's memory) before anyone may copy it, e.g. to allreduce it with the
-ranks of other hosts in place; the allgather then spreads the hook's result.
+ranks of other hosts in place; the allgather (or the push, of the whole slice after the hook)
+then spreads the hook's result.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ from ..transports.shm import kind_code
 from .partition import Span, split_bounds
 
 __all__ = ["allreduce_shm_twoshot", "round_slices", "chunk_spans", "reduce_order", "gather_order",
-           "copy_in_pieces", "CHUNK_BYTES"]
+           "copy_in_pieces", "interleaved_chunks", "CHUNK_BYTES", "PUSH_BYTES"]
 
 # Measured (P=2, 64 MiB, both ranks on the 2 cores, L2 1 MiB per core, L3 32 MiB shared): the
 # reduce-scatter of a 32 MiB slice took 1.63 ms in one call, 1.78 ms in 256 KiB chunks (the
@@ -60,6 +71,10 @@ __all__ = ["allreduce_shm_twoshot", "round_slices", "chunk_spans", "reduce_order
 CHUNK_BYTES = 1 << 20
 CHUNK_BYTES_MANY = 512 << 10
 COPY_BYTES = 256 << 10
+# The push's chunk: reduced, then copied to every peer while in L2. Measured at P=2, 64 MiB (one
+# run, fixed reset as the benchmark's): 4.3-4.4 ms with 128 or 256 KiB chunks, 5.0-5.2 ms with
+# 1 MiB chunks (the copy then reads it back from L3).
+PUSH_BYTES = 256 << 10
 
 
 def round_slices(count: int, size: int) -> List[Span]:
@@ -89,6 +104,7 @@ class _Round(NamedTuple):
     slices: List[Span]  # of the round, rank by rank
     mine: List[Span]  # this rank's slice in chunks
     others: List[Tuple[int, List[Span]]]  # (peer, its slice in chunks) in gather order
+    pushed: List[Span]  # the chunks this rank reduces and pushes: every P-th of the round's, from its rank on
 
 
 def _plan(transport, count: int, itemsize: int, segment_bytes: int) -> Tuple[List[_Round], int]:
@@ -101,12 +117,14 @@ def _plan(transport, count: int, itemsize: int, segment_bytes: int) -> Tuple[Lis
         size, rank = transport.size, transport.rank
         chunk_elems = max(1, min(segment_bytes, CHUNK_BYTES if size == 2 else CHUNK_BYTES_MANY) // itemsize)
         round_elems = max(size, transport.layout.staging_bytes // itemsize)
+        push_elems = min(segment_bytes, PUSH_BYTES) // itemsize
         rounds = []
         for start in range(0, count, round_elems):
             stop = min(start + round_elems, count)
             slices = round_slices(stop - start, size)
             rounds.append(_Round(start, stop, slices, chunk_spans(slices[rank], chunk_elems),
-                                 [(peer, chunk_spans(slices[peer], chunk_elems)) for peer in gather_order(rank, size)]))
+                                 [(peer, chunk_spans(slices[peer], chunk_elems)) for peer in gather_order(rank, size)],
+                                 interleaved_chunks(stop - start, rank, size, push_elems)))
         if len(transport.memo) > 256:
             transport.memo.clear()
         plan = transport.memo[key] = (rounds, max(1, min(segment_bytes, COPY_BYTES) // itemsize))
@@ -129,7 +147,8 @@ def allreduce_shm_twoshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
     in_place = transport.locate(buf)  # None: a plain buffer, staged
     order = reduce_order(rank, size)
     epoch = 0
-    for start, stop, slices, mine_chunks, others in rounds:
+    pushed_any = False
+    for start, stop, slices, mine_chunks, others, pushed in rounds:
         piece = buf[start:stop]
         epoch = transport.begin()
         if in_place is not None:
@@ -141,8 +160,16 @@ def allreduce_shm_twoshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
                 lo, hi = slices[peer]
                 copy_in_pieces(mine, piece, lo, hi, copy_elems)
         transport.arrive(epoch, offset, piece.nbytes, kind, total_bytes)
-        data = transport.arrivals(epoch, piece.nbytes, kind, total_bytes, dtype)
-
+        offsets = transport.offers(epoch, piece.nbytes, kind, total_bytes)
+        if in_place is not None and transport.peers_writable and transport.staging_offset(epoch) not in offsets:
+            # Every rank's buffer is symmetric: push (every rank decides alike, from the offers).
+            _reduce_and_push(transport.writable_arrays(offsets, piece.size, dtype), order,
+                             pushed if slice_hook is None else mine_chunks, combine, op, size, copy_elems,
+                             slice_hook, slices[rank])
+            pushed_any = True
+            transport.depart(wrote=True)
+            continue
+        data = transport.offered_arrays(offsets, piece.size, dtype)
         for index, (lo, hi) in enumerate(mine_chunks):
             out = mine[lo:hi]
             # This rank's own contribution first, wherever it lives (in place: out itself).
@@ -168,7 +195,39 @@ def allreduce_shm_twoshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
                 copy_in_pieces(piece, source, lo, hi, copy_elems)
         transport.depart()
     if in_place is not None:
-        transport.wait_departed(epoch)
+        transport.wait_departed(epoch, "finish writing its chunks into this rank's buffer" if pushed_any
+                                else "finish reading this rank's buffer")
+
+
+def interleaved_chunks(count: int, rank: int, size: int, chunk_elems: int) -> List[Span]:
+    """Every ``size``-th chunk of ``count`` elements from chunk ``rank`` on, the chunks at most
+    ``chunk_elems`` and small enough that every rank gets one."""
+    chunk_elems = max(1, min(chunk_elems, -(-count // size)))
+    return chunk_spans((0, count), chunk_elems)[rank::size]
+
+
+def _reduce_and_push(data, order: List[int], chunks: List[Span], combine, op: ReduceOp, size: int,
+                     copy_elems: int, slice_hook, span: Span) -> None:
+    """The push round: reduce ``chunks`` into this rank's buffer (``data[order[0]]``) and write each
+    reduced chunk into every peer's buffer while it is still in this core's cache. With
+    ``slice_hook``, ``chunks`` are this rank's slice ``span``, pushed after the hook."""
+    mine = data[order[0]]
+    peers = order[1:]
+    for lo, hi in chunks:
+        out = mine[lo:hi]
+        combine(out, data[peers[0]][lo:hi], out=out)
+        for peer in peers[1:]:
+            combine(out, data[peer][lo:hi], out=out)
+        if op is ReduceOp.AVG:
+            out /= size
+        if slice_hook is None:
+            for peer in peers:
+                copy_in_pieces(data[peer], mine, lo, hi, copy_elems)
+    if slice_hook is not None:
+        lo, hi = span
+        slice_hook(mine[lo:hi])
+        for peer in peers:
+            copy_in_pieces(data[peer], mine, lo, hi, copy_elems)
 
 
 def copy_in_pieces(destination, source, lo: int, hi: int, copy_elems: int) -> None:

@@ -21,6 +21,7 @@ import time
 from mpi4py import MPI
 
 from ..machine import oversubscribed
+from ..timer_slack import fine_timer_slack, restore_timer_slack
 
 __all__ = ["wait_all", "polls_per_yield", "POLLS_PER_YIELD", "SLEEP_AFTER_SECONDS"]
 
@@ -59,18 +60,24 @@ def wait_all(requests, deadline: float, give_up=None, statuses=None) -> bool:
     start = monotonic()
     next_give_up_check = start
     sleep = 1e-5
-    while True:
-        sched_yield()
-        now = monotonic()
-        if now >= deadline:
-            return bool(testall())
-        if now - start > SLEEP_AFTER_SECONDS:
-            if give_up is not None and now >= next_give_up_check:
-                if give_up():
-                    return bool(testall())
-                next_give_up_check = now + GIVE_UP_CHECK_SECONDS
-            time.sleep(sleep)
-            sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
-        for _ in polls:
-            if testall():
-                return True
+    slack = -1  # the thread's timer slack before this wait slept (commlib/timer_slack.py)
+    try:
+        while True:
+            sched_yield()
+            now = monotonic()
+            if now >= deadline:
+                return bool(testall())
+            if now - start > SLEEP_AFTER_SECONDS:
+                if give_up is not None and now >= next_give_up_check:
+                    if give_up():
+                        return bool(testall())
+                    next_give_up_check = now + GIVE_UP_CHECK_SECONDS
+                if slack < 0:
+                    slack = fine_timer_slack()
+                time.sleep(sleep)
+                sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+            for _ in polls:
+                if testall():
+                    return True
+    finally:
+        restore_timer_slack(slack)

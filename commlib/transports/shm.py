@@ -1,9 +1,11 @@
 """The shared-memory transport: the ranks of one host read each other's memory directly.
 
 Every rank owns one **segment** (a sparse file mapping, see :mod:`commlib.shared_memory`) that
-every other rank of the host maps read-only. A rank writes only its own segment; it reads its
-peers' in place, so data moves once, from the writer's pages into the reader's cache, instead of
-being copied into a message and out again. A segment holds, page-aligned:
+every other rank of the host maps read-only, and its heap once more read-write. A rank writes
+its own segment and, only inside a collective that every rank runs on symmetric buffers, the
+chunks of its peers' buffers that it computes (``shm_twoshot``'s push); it reads its peers' in
+place, so data moves once, from the writer's pages into the reader's cache, instead of being
+copied into a message and out again. A segment holds, page-aligned:
 
 * the **control page**: per-rank counters on cache lines of their own (``ARRIVE`` with the
   descriptor of the data this rank offers, ``PROGRESS``, ``DONE``, the slots' signals with the
@@ -46,14 +48,15 @@ import os
 import platform
 import time
 import weakref
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, InvalidUsageError
 from ..machine import cores_available, oversubscribed
 from ..ops import DTYPE_IS_FLOAT, ReduceOp, ufunc_name
-from ..shared_memory import PAGE_BYTES, fence, fence_lock
+from ..shared_memory import PAGE_BYTES, fence, fence_lock, populate
+from ..timer_slack import fine_timer_slack, restore_timer_slack
 from .interface import Pending, Transfer, Transport, format_bytes
 
 __all__ = ["SharedMemoryTransport", "SegmentLayout", "kind_code", "move_kind_code"]
@@ -86,6 +89,13 @@ SPIN_POLLS = 256            # ~10 us of polling before the first yield
 # at P=3 1 and 32 polls were alike).
 OVERSUBSCRIBED_SPIN_POLLS = 1
 SLEEP_AFTER_SECONDS = 1e-4  # yielding this long turns into sleeping
+# Waiting for a peer that is already inside the collective (its PROGRESS or DONE), not for its
+# arrival: it runs the same schedule and is due within about the ranks' imbalance (0.1-0.2 ms at
+# 16 MiB, P=2). A wait that fell asleep there woke late, and the woken rank's return made the
+# call's time: at 16 MiB the allreduce took 1.01-1.03 ms against 0.84-0.88 ms without sleeping
+# (same runs). So such a wait yields for longer before it sleeps, unless ranks share cores
+# (then a sleeping waiter hands its core to the rank it waits for).
+MIDWAY_SLEEP_AFTER_SECONDS = 2e-3
 MAX_SLEEP_SECONDS = 2e-4
 LIVENESS_EVERY_SECONDS = 0.1
 
@@ -179,7 +189,7 @@ class SharedMemoryTransport(Transport):
 
     def __init__(self, segments: Sequence, rank: int, layout: SegmentLayout, *, p2p: Optional[Transport] = None,
                  pids: Optional[Sequence[int]] = None, hostname: str = "", ranks: Optional[Sequence[int]] = None,
-                 progress_board=None):
+                 progress_board=None, heaps: Optional[Sequence] = None):
         super().__init__()
         self.rank, self.size = rank, len(segments)
         self.layout = layout
@@ -197,6 +207,7 @@ class SharedMemoryTransport(Transport):
         # commlib/machine.py): the peer we wait for may need our core, so yield at once.
         crowded = self.size > cores_available() or oversubscribed()
         self.spin_polls = OVERSUBSCRIBED_SPIN_POLLS if crowded else SPIN_POLLS
+        self._midway_sleep_after = SLEEP_AFTER_SECONDS if crowded else MIDWAY_SLEEP_AFTER_SECONDS
         self.own_segment = segments[rank]
         self.segments = list(segments)
         self._controls = [memoryview(segment)[:CONTROL_BYTES].cast("q") for segment in segments]
@@ -207,6 +218,18 @@ class SharedMemoryTransport(Transport):
         self._own_address = own.ctypes.data
         self._bytes = [own if peer == rank else np.frombuffer(segment, np.uint8)
                        for peer, segment in enumerate(segments)]
+        # Where this rank may write each rank's segment: (bytes, the offset of their first) for the
+        # heap, from ``heaps`` (a read-write mapping of each peer's heap alone, the rest of its
+        # segment staying read-only here), or the segments themselves where they are writable.
+        self.heaps = list(heaps) if heaps is not None else []
+        heap_start = layout.heap_start
+        self._writable: List[Optional[Tuple[np.ndarray, int]]] = [
+            (own, 0) if peer == rank
+            else (np.frombuffer(self.heaps[peer], np.uint8), heap_start) if heaps is not None and self.heaps[peer]
+            else (self._bytes[peer], 0) if self._bytes[peer].flags.writeable else None
+            for peer in range(self.size)]
+        # The same on every rank of a group (its mappings are made collectively, all or none).
+        self.peers_writable = all(entry is not None for entry in self._writable)
         start, slot = layout.slots_start, layout.slot_bytes
         staging_start, half = layout.staging_start, layout.staging_bytes
         # Areas this rank writes: 0, 1 the slots; 2, 3 the staging halves.
@@ -393,7 +416,7 @@ class SharedMemoryTransport(Transport):
         """Offer ``[offset, offset + nbytes)`` of this rank's segment for ``epoch``.
 
         ``kind`` (:func:`kind_code`) and ``total_bytes`` (of the whole collective, which may take
-        several epochs) are compared with every peer's at :meth:`arrivals`. Descriptors alternate
+        several epochs) are compared with every peer's at :meth:`offers`. Descriptors alternate
         between two places: a fast peer may publish ``epoch + 1``'s before a slow one has read
         this one, never ``epoch + 2``'s (it cannot arrive there before everyone arrived at
         ``epoch + 1``).
@@ -407,12 +430,10 @@ class SharedMemoryTransport(Transport):
         fence()
         control[ARRIVE] = epoch
 
-    def arrivals(self, epoch: int, nbytes: int, kind: int, total_bytes: int, dtype) -> List[np.ndarray]:
-        """Wait until every rank arrived at ``epoch``; every rank's offered array, in rank order."""
-        count = nbytes // dtype.itemsize
+    def offered_arrays(self, offsets: Sequence[int], count: int, dtype) -> List[np.ndarray]:
+        """``count`` elements of ``dtype`` at each rank's offset (from :meth:`offers`), in rank order."""
         view = self._view
-        return [view(peer, offset, count, dtype)
-                for peer, offset in enumerate(self.offers(epoch, nbytes, kind, total_bytes))]
+        return [view(peer, offset, count, dtype) for peer, offset in enumerate(offsets)]
 
     def offers(self, epoch: int, nbytes: int, kind: int, total_bytes: int) -> List[int]:
         """Wait until every rank arrived at ``epoch`` (checking that all offer the same ``nbytes``,
@@ -464,6 +485,30 @@ class SharedMemoryTransport(Transport):
             self._views[key] = array
         return array
 
+    def writable_arrays(self, offsets: Sequence[int], count: int, dtype) -> List[np.ndarray]:
+        """Like :meth:`offered_arrays`, writable (with :attr:`peers_writable`, in the heap only)."""
+        arrays = []
+        nbytes = count * dtype.itemsize
+        for peer, offset in enumerate(offsets):
+            key = ("writable", peer, offset, count, dtype)
+            array = self._views.get(key)
+            if array is None:
+                entry = self._writable[peer]
+                start = offset - entry[1] if entry is not None else -1
+                if entry is None or start < 0 or start + nbytes > entry[0].size:
+                    raise CommError(f"rank {self.ranks[self.rank]}: {self.context.describe()}: cannot write "
+                                    f"[{offset}, {offset + nbytes}) of rank {self.ranks[peer]}'s segment")
+                if len(self._views) > 512:
+                    self._views.clear()
+                array = self._views[key] = entry[0][start:start + nbytes].view(dtype)
+            arrays.append(array)
+        return arrays
+
+    def populate_heap(self, peer: int, offset: int, nbytes: int) -> None:
+        """Fault in the writable mapping of ``peer``'s heap at ``offset`` (a page boundary) now."""
+        if peer != self.rank and self.heaps and self.heaps[peer] is not None:
+            populate(self.heaps[peer], offset - self.layout.heap_start, nbytes, write=True)
+
     def _mismatch(self, peer: int, their_bytes: int, their_kind: int, nbytes: int, kind: int) -> None:
         raise CollectiveMismatchError(
             f"rank {self.ranks[self.rank]} on {self.hostname}: {self._current_context().describe()}: rank "
@@ -492,14 +537,19 @@ class SharedMemoryTransport(Transport):
         if not LOADS_IN_ORDER:
             fence()
 
-    def depart(self) -> None:
-        """This rank will not read any peer's memory for the current epoch (or earlier) any more."""
+    def depart(self, wrote: bool = False) -> None:
+        """This rank will not read any peer's memory for the current epoch (or earlier) any more;
+        ``wrote``: nor write it, and what it wrote there is visible before the departure."""
+        if wrote:
+            fence()
         self._own_control[DONE] = self._epoch
 
     def wait_departed(self, epoch: int, what: str = "finish reading this rank's buffer") -> None:
         for peer, control in self._peer_controls:
             if control[DONE] < epoch:
                 self._wait(peer, DONE, epoch, what)
+        if not LOADS_IN_ORDER:  # the peers may have written this rank's buffer before departing
+            fence()
 
     # -- waiting ------------------------------------------------------------------------------------
     def _wait(self, peer: int, word: int, target: int, what: str) -> None:
@@ -514,30 +564,37 @@ class SharedMemoryTransport(Transport):
         sched_yield, monotonic = os.sched_yield, time.monotonic
         start = last_check = monotonic()
         deadline = self._current_context().deadline
+        sleep_after = self._midway_sleep_after if word == PROGRESS or word == DONE else SLEEP_AFTER_SECONDS
         sleep = 2e-5
         polls = 0
-        while control[word] < target:
-            sched_yield()
-            polls += 1
-            if polls & 31:
-                continue
-            now = monotonic()
-            if now >= deadline:
-                if control[word] >= target:
-                    return
-                self._raise_timeout(peer, word, target, what)
-            if now - start > SLEEP_AFTER_SECONDS:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
-                if now - last_check > LIVENESS_EVERY_SECONDS:
-                    last_check = now
-                    gone = self._peer_gone(peer)
-                    if gone and control[word] < target:
-                        self._raise_lost(peer, word, target, what, gone)
-                    if word in _ROUND_WORDS:
-                        other = SLOT_SIGNAL + 8 * (target & 1) if word == ARRIVE else ARRIVE
-                        if control[other] >= target and control[word] < target:
-                            self._raise_other_round(peer, word, target)
+        slack = -1  # the thread's timer slack before this wait slept (commlib/timer_slack.py)
+        try:
+            while control[word] < target:
+                sched_yield()
+                polls += 1
+                if polls & 31:
+                    continue
+                now = monotonic()
+                if now >= deadline:
+                    if control[word] >= target:
+                        return
+                    self._raise_timeout(peer, word, target, what)
+                if now - start > sleep_after:
+                    if slack < 0:
+                        slack = fine_timer_slack()
+                    time.sleep(sleep)
+                    sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+                    if now - last_check > LIVENESS_EVERY_SECONDS:
+                        last_check = now
+                        gone = self._peer_gone(peer)
+                        if gone and control[word] < target:
+                            self._raise_lost(peer, word, target, what, gone)
+                        if word in _ROUND_WORDS:
+                            other = SLOT_SIGNAL + 8 * (target & 1) if word == ARRIVE else ARRIVE
+                            if control[other] >= target and control[word] < target:
+                                self._raise_other_round(peer, word, target)
+        finally:
+            restore_timer_slack(slack)
 
     def _raise_other_round(self, peer: int, word: int, target: int) -> None:
         """``peer`` began this epoch's round through the other counter: it runs another algorithm."""
@@ -634,15 +691,17 @@ class SharedMemoryTransport(Transport):
         self._views.clear()
         self._forget_slot_views()
         self._bytes = []
+        self._writable = []
         self._own_bytes = None
         for control in self._controls:
             control.release()
         self._controls = []
         self._peer_controls = []
         self._own_control = None  # type: ignore[assignment]  # closed: never read again
-        for segment in self.segments:
+        for segment in self.segments + [heap for heap in self.heaps if heap is not None]:
             try:
                 segment.close()
             except (BufferError, ValueError):  # arrays over it still alive: unmapped with the last one
                 pass
         self.segments = []
+        self.heaps = []

@@ -8,7 +8,8 @@ path stays in step with the general path, MPI collectives and async work; ``allo
 reuses freed places and refuses what cannot be; no segment file is left in /dev/shm.
 The data movers' ``shm_direct`` (broadcast, allgather, gather, scatter, alltoall): random bytes of
 odd sizes from plain, symmetric and mixed sources, every root, arrive bit for bit; a symmetric
-source rewritten right after each call never reaches a peer.
+source rewritten right after each call never reaches a peer. Peers' heaps are writable (the
+two-shot pushes into them), the rest of their segments is not.
 ``off`` (run with COMMLIB_SHM=0): no shared memory, and the shm_* algorithms and ``alloc`` say so.
 """
 
@@ -159,6 +160,19 @@ def main():
     left = [path for pid in pids for path in glob.glob(os.path.join(shared_directory(), f"commlib-*-{pid}-*"))]
     check.check(not left, f"segment files left in {shared_directory()} after init: {left}")
     check.check(pg.host_memory is not None and pg.host_memory.single_host, "one host, shared memory set up")
+    # shm_twoshot pushes into the peers' symmetric buffers: their heaps are writable here, and
+    # nothing else of their segments (a stray write is an error, not a peer's corrupted counter).
+    transport = pg.host_memory.transport
+    check.check(transport.peers_writable, "the peers' heaps are mapped writable")
+    heap_start = transport.layout.heap_start
+    for peer in range(size):
+        if peer != rank:
+            check.raises(ValueError, lambda: transport.peer_bytes(peer, 0, 8).fill(1),
+                         f"rank {peer}'s control page is read-only here", match="read-only")
+            offsets = [heap_start] * size
+            offsets[peer] = heap_start - 8
+            check.raises(commlib.CommError, lambda: transport.writable_arrays(offsets, 1, np.dtype(np.int64)),
+                         f"rank {peer}'s segment below its heap is not writable", match="cannot write")
 
     counts = sorted({0, 1, max(size - 1, 1), size, 7 * size + 3, 301})
     for algorithm in ALGORITHMS:
