@@ -82,6 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also time every algorithm with its source in a symmetric buffer (pg.alloc: shared "
                              "memory, read in place by the shm_* algorithms; allreduce and broadcast: the buffer, "
                              "allgather, gather, scatter, alltoall: inp), rows named ALGORITHM@sym")
+    parser.add_argument("--symmetric-output", action="store_true",
+                        help="with --symmetric, allgather, scatter, alltoall: the output in pg.alloc too, rows "
+                             "named ALGORITHM@symio (every buffer of the call in shared memory)")
     parser.add_argument("--floor", action="store_true",
                         help=f"allreduce: also time {FLOOR_NAME!r}, the two-shot's memory work alone on each "
                              f"rank (no peers, no synchronisation: the floor under it; see commlib.bench_floor)")
@@ -96,6 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.symmetric and args.collective not in SYMMETRIC_COLLECTIVES:
         parser.error(f"--symmetric: only for --collective {', '.join(SYMMETRIC_COLLECTIVES)} (those with "
                      f"shared-memory algorithms that read a symmetric source in place)")
+    if args.symmetric_output and (not args.symmetric or args.collective not in SYMMETRIC_OUTPUT_COLLECTIVES):
+        parser.error(f"--symmetric-output: only with --symmetric and --collective "
+                     f"{', '.join(SYMMETRIC_OUTPUT_COLLECTIVES)} (an output on every rank, apart from the source)")
     if args.floor and args.collective != "allreduce":
         parser.error("--floor: only for --collective allreduce (the two-shot allreduce's floor)")
     return args
@@ -139,18 +145,20 @@ def mpi_reduction(dtype, op: str):
 
 
 SYMMETRIC_COLLECTIVES = ("allreduce", "broadcast", "allgather", "gather", "scatter", "alltoall")
+SYMMETRIC_OUTPUT_COLLECTIVES = ("allgather", "scatter", "alltoall")
 
 
 class Setup:
     """One size of one collective: buffers, the calls to time, the check."""
 
     # --symmetric, allreduce and broadcast: the buffer in pg.alloc (holds the result); the
-    # others: the same inp in pg.alloc (symmetric_inp; the result is in target, as without)
+    # others: the same inp in pg.alloc (symmetric_inp; the result is in target, as without, or
+    # with symmetric_output in symmetric)
     symmetric: Optional[np.ndarray] = None
     symmetric_inp: Optional[np.ndarray] = None
     barrier_check: Optional[BarrierCheck] = None  # the barrier's: who left before whom arrived
 
-    def __init__(self, collective, comm, pg, count, dtype, op, symmetric=False):
+    def __init__(self, collective, comm, pg, count, dtype, op, symmetric=False, symmetric_output=False):
         self.collective, self.dtype, self.op = collective, dtype, op
         rank, size = comm.Get_rank(), comm.Get_size()
         self.rank, self.size = rank, size
@@ -258,11 +266,14 @@ class Setup:
             if inp is not None:
                 np.copyto(sym_inp, inp)
             mine = sym_inp if inp is not None else None
+            out = target
+            if symmetric_output:  # collective too; reset and checked as target is without it
+                out = self.symmetric = pg.alloc(target.size, dtype)
             self.ours_symmetric = {
-                "allgather": lambda name: pg.allgather(target, sym_inp, algorithm=name),
+                "allgather": lambda name: pg.allgather(out, sym_inp, algorithm=name),
                 "gather": lambda name: pg.gather(target if rank == ROOT else None, sym_inp, ROOT, algorithm=name),
-                "scatter": lambda name: pg.scatter(target, mine, ROOT, algorithm=name),
-                "alltoall": lambda name: pg.alltoall(target, sym_inp, algorithm=name),
+                "scatter": lambda name: pg.scatter(out, mine, ROOT, algorithm=name),
+                "alltoall": lambda name: pg.alltoall(out, sym_inp, algorithm=name),
             }[collective]
 
     def reset(self) -> None:
@@ -347,7 +358,8 @@ def main(argv=None) -> int:
         print(HEADER, flush=True)
     rows = []
     for nbytes in [0] if barrier else _sizes(args.min_bytes, args.max_bytes, args.step_factor):
-        setup = Setup(collective, comm, pg, max(1, nbytes // dtype.itemsize), dtype, args.op, args.symmetric)
+        setup = Setup(collective, comm, pg, max(1, nbytes // dtype.itemsize), dtype, args.op, args.symmetric,
+                      args.symmetric_output)
         try:
             rows.extend(_measure(setup, comm, pg, baseline, algorithms, args, factor))
         finally:
@@ -378,13 +390,15 @@ def _measure(setup: Setup, comm, pg, baseline: str, algorithms, args, factor: fl
     contenders = {} if args.no_baseline else {baseline: setup.baseline}
     contenders.update({name: functools.partial(setup.ours, name) for name in algorithms})
     if args.symmetric:
-        contenders.update({f"{name}@sym": functools.partial(setup.ours_symmetric, name) for name in algorithms})
+        suffix = "@symio" if args.symmetric_output else "@sym"
+        contenders.update({f"{name}{suffix}": functools.partial(setup.ours_symmetric, name) for name in algorithms})
     if args.floor:
         # On the buffer the reset wrote last (the symmetric one, when there is one), as the
         # collective on it finds it; the push's stand-in for the peers' buffers is the plain
         # one, written by the reset just before (see commlib/bench_floor.py).
-        push = setup.symmetric is not None
-        contenders[FLOOR_NAME] = twoshot_floor(setup.symmetric if push else setup.target,
+        symmetric = setup.symmetric
+        push = symmetric is not None
+        contenders[FLOOR_NAME] = twoshot_floor(symmetric if symmetric is not None else setup.target,
                                                setup.target if push else setup.pristine, rank, size,
                                                ReduceOp.coerce(setup.op), pg.config.shm_staging_bytes, push=push)
     timings = time_interleaved(comm, contenders, setup.reset, args.iters, args.warmup)
@@ -392,7 +406,8 @@ def _measure(setup: Setup, comm, pg, baseline: str, algorithms, args, factor: fl
     rows = []
     for name, run in contenders.items():
         # Every contender is checked on its own run; None where a rank had nothing to check on.
-        counts = [None] if name == FLOOR_NAME else comm.allgather(setup.check(run, symmetric=name.endswith("@sym")))
+        on_symmetric = name.endswith(("@sym", "@symio"))
+        counts = [None] if name == FLOOR_NAME else comm.allgather(setup.check(run, symmetric=on_symmetric))
         seconds = timings[name]
         algbw = setup.nbytes / seconds / 1e9
         row = dict(collective=setup.collective, size=setup.nbytes, count=setup.count,

@@ -85,6 +85,28 @@ def test_the_two_shot_floor_does_the_two_shot_work_on_every_element(size, rank):
         assert np.array_equal(buf, np.full(count, size - 1, np.float32)), (count, np.unique(buf))
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective,suffix", [("broadcast", "@sym"), ("gather", "@sym"), ("allgather", "@symio"),
+                                               ("scatter", "@symio"), ("alltoall", "@symio")])
+def test_bench_times_the_data_movers_on_symmetric_buffers_and_checks_them(collective, suffix):
+    """``--symmetric``: the source in pg.alloc (rows ``@sym``); ``--symmetric-output`` too: the
+    output as well (``@symio``, where every rank has one). Every row is checked."""
+    command = [mpiexec_path(), "-n", "2", sys.executable, "-m", "commlib.bench", "--collective", collective,
+               "-b", "8", "-e", "64K", "-f", "64", "-n", "3", "-w", "1", "-s", "64", "-a", "shm_direct",
+               "--symmetric"] + (["--symmetric-output"] if suffix == "@symio" else [])
+    result = subprocess.run(command, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = parse_table(result.stdout)
+    assert [row["algorithm"] for row in rows][1:3] == ["shm_direct", f"shm_direct{suffix}"], result.stdout
+    assert len(rows) == 9 and all(row["wrong"] == 0 for row in rows), result.stdout
+
+
+def test_bench_refuses_a_symmetric_output_where_there_is_none():
+    result = subprocess.run([sys.executable, "-m", "commlib.bench", "--collective", "gather", "--symmetric",
+                             "--symmetric-output"], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--symmetric-output: only with --symmetric and --collective" in result.stderr
+
+
 @pytest.mark.parametrize("size", [2, 3, 5])
 def test_the_push_floor_reduces_and_writes_every_element_on_exactly_one_rank(size):
     """The symmetric buffers' schedule: each rank reduces its chunks (P - 1 reads of the stand-in)

@@ -87,6 +87,35 @@ def test_every_mover_delivers_bit_for_bit_from_plain_symmetric_and_mixed_sources
         assert actual.tobytes() == expected.tobytes(), what
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_allgather_pushes_when_every_buffer_is_symmetric_and_reads_otherwise(size):
+    """Sources x outputs, each plain, symmetric or mixed (symmetric on even ranks): bit for bit
+    everywhere; only where every source and every output is symmetric do the ranks push, the
+    whole allgather in one epoch (the reads take one per round: 3 of 4 KiB for 12 KiB here)."""
+    world = SharedWorld(size, staging_bytes=256)  # a page
+    dtype, count = np.dtype(np.float32), 3001
+    blocks = [random_bytes(7 * r + 1, count, dtype) for r in range(size)]
+    for source_kind in ("plain", "symmetric", "mixed"):
+        for output_kind in ("plain", "symmetric", "mixed"):
+            inp = Sources(world, size, source_kind).make(count, dtype, [7 * r + 1 for r in range(size)])
+            outs = Sources(world, size, output_kind).make(count * size, dtype, [0] * size)
+            epochs = [0] * size
+
+            def body(transport, inp=inp, outs=outs, epochs=epochs):
+                before = transport.epoch
+                get_algorithm("shm_direct", "allgather")(transport, outs[transport.rank], inp[transport.rank],
+                                                        segment_bytes=512)
+                epochs[transport.rank] = transport.epoch - before
+
+            world.run(body)
+            label = f"p={size} sources {source_kind} outputs {output_kind}"
+            for rank in range(size):
+                assert outs[rank].tobytes() == np.concatenate(blocks).tobytes(), (label, rank)
+            pushed = source_kind == output_kind == "symmetric"
+            expected = 0 if size == 1 else 1 if pushed else 3
+            assert epochs == [expected] * size, (label, epochs)
+
+
 def test_every_rank_has_its_share_in_every_round_of_an_alltoall():
     """Rounds cover the same part of every block: with rounds over the source's first bytes, the
     ranks that read the later blocks would wait through the early rounds (measured: a 64 MiB

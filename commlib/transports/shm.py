@@ -65,6 +65,7 @@ __all__ = ["SharedMemoryTransport", "SegmentLayout", "kind_code", "move_kind_cod
 ARRIVE = 0          # epoch; descriptor at ARRIVE + 2 + 4 * (epoch & 1), see arrive()
 PROGRESS = 16       # (epoch << PROGRESS_BITS) | chunks of this rank's slice reduced so far
 ADDRESS = 10        # + epoch parity: the virtual address of this rank's buffer (cross-memory rounds)
+OUTPUT = 12         # + epoch parity: where this rank's output is in its segment (0: not there)
 DONE = 24           # epoch whose reads of peers' buffers in place this rank has finished (depart)
 SLOT_SIGNAL = 32    # per slot parity p, a line each: [SLOT_SIGNAL + 8p] epoch, [+ 1] signature, [+ 2 ..] data
 # A round of at most this many bytes carries its data on its signal's cache line (after the epoch
@@ -462,6 +463,15 @@ class SharedMemoryTransport(Transport):
     def address_of(self, peer: int, epoch: int) -> int:
         """What ``peer`` published with :meth:`publish_address` for ``epoch`` (after its arrival)."""
         return self._controls[peer][ADDRESS + (epoch & 1)]
+
+    def publish_output(self, epoch: int, offset: int) -> None:
+        """Where this rank's output for ``epoch`` is in its segment, 0 where it is not (before
+        :meth:`arrive`, as :meth:`publish_address`): peers may then write it."""
+        self._own_control[OUTPUT + (epoch & 1)] = offset
+
+    def output_of(self, peer: int, epoch: int) -> int:
+        """What ``peer`` published with :meth:`publish_output` for ``epoch`` (after its arrival)."""
+        return self._controls[peer][OUTPUT + (epoch & 1)]
 
     def peer_bytes(self, peer: int, offset: int, nbytes: int) -> np.ndarray:
         """Bytes ``[offset, offset + nbytes)`` of ``peer``'s segment (CommError if outside it)."""

@@ -145,6 +145,19 @@ def check_data_movers(pg, check):
         pg.allgather(out, buf, algorithm="shm_direct")
         buf[...] = -1  # would show up in a peer's out had it still been reading
         check.equal(out, np.repeat(np.arange(size) * 100 + step, 3001), f"symmetric source rewritten #{step}")
+    # Every buffer symmetric: the allgather pushes each block into every rank's output; a rank's
+    # output is complete when the call returns, and no peer writes it afterwards.
+    sym_out = pg.alloc(3001 * size, np.int32)
+    matrix = pg.alloc(3001 * size, np.int32)
+    for step in range(20):
+        buf[...] = rank * 100 + step
+        pg.allgather(sym_out, buf, algorithm="shm_direct")
+        check.equal(sym_out, np.repeat(np.arange(size) * 100 + step, 3001), f"allgather, all symmetric, #{step}")
+        sym_out[...] = -1
+        matrix[...] = np.repeat(np.arange(size) + 10 * rank + step, 3001)
+        pg.alltoall(sym_out, matrix, algorithm="shm_direct")
+        check.equal(sym_out, np.repeat(10 * np.arange(size) + rank + step, 3001), f"alltoall, all symmetric, #{step}")
+        sym_out[...] = -1
     check.check(calls > 0, "the data movers ran")
 
 
