@@ -30,9 +30,16 @@ in every round):
 5. *Depart*: publish DONE. A symmetric source waits, before returning, until every peer has
    departed (the caller may write it next); staging defers that wait to the half's next use.
 
-Invariants: a rank writes only its own output and its own staging half; a chunk is read only
-after its owner published it; every rank runs the same rounds (their count depends on the source
-size, which every rank knows), so the epochs stay aligned with the other shared-memory collectives.
+**Push** (an allgather whose every source and output is symmetric, see :func:`move_rounds`):
+after the first arrival every rank instead writes its own block into every rank's output, each
+piece read once and written ``P`` times while in cache, all in that one epoch; then *depart* and
+wait for every peer's departure (then this rank's output is complete).
+
+Invariants: a rank writes only its own output and its own staging half, or in the push only its
+own block's place in the others' outputs; a chunk is read only after its owner published it;
+every rank runs the same rounds (their count depends on the source size, which every rank
+knows, and the push is chosen alike everywhere), so the epochs stay aligned with the other
+shared-memory collectives.
 
 Cost per rank for a message of ``n`` bytes to read: one copy of ``n`` from shared memory, plus,
 for a plain source, its owner's staging copy of what the peers read, overlapped with their reads.
