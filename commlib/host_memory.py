@@ -49,8 +49,8 @@ def open_host_memory(comm: MPI.Comm, config, *, p2p, progress_board) -> Optional
     host_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     try:
         host_ranks = host_comm.allgather(rank)  # group rank of each host rank
-        # Peers may write each other's heap (shm_twoshot pushes reduced slices into the peers'
-        # symmetric buffers), nothing else of a segment.
+        # Peers may write each other's heap (shm_twoshot and shm_direct's allgather push into the
+        # peers' symmetric buffers), nothing else of a segment.
         files = map_host_files(host_comm, layout.total_bytes, kind="shm", peers_writable_from=layout.heap_start)
     finally:
         host_comm.Free()
@@ -133,8 +133,7 @@ class HostMemory:
                             + "a rank of the group could not get the memory in /dev/shm (full?)")
         for peer in range(self.transport.size):
             if peer != self.transport.rank:
-                populate(self.transport.segments[peer], region.offset, nbytes, write=False)
-                self.transport.populate_heap(peer, region.offset, nbytes)
+                self.transport.populate_peer(peer, region.offset, nbytes)
         root = np.frombuffer(self._own, dtype=dtype, count=nbytes // dtype.itemsize, offset=region.offset)
         weakref.finalize(root, self._release, region)
         return root.reshape(shape)

@@ -61,8 +61,9 @@ def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str, peers_writabl
 
     This rank's own file is mapped read-write; the others read-only unless ``peers_writable``
     (a read-only mapping turns a stray write into a crash instead of silent corruption of a
-    peer's data). ``peers_writable_from`` (page-aligned, below ``nbytes``): each peer's file from
-    there to its end is mapped once more, read-write, in ``tails`` (the part peers may write).
+    peer's data). ``peers_writable_from`` (page-aligned): a peer's file that goes beyond it is
+    mapped in two parts, ``mappings`` up to there (read-only) and ``tails`` from there to its end
+    (read-write: the part peers may write).
     Returns None on every rank when any rank failed (each says why on stderr).
     ``keep_fds``: the descriptors stay open in ``fds`` (to hand a mapping to another process).
     """
@@ -87,11 +88,14 @@ def map_host_files(host_comm: MPI.Comm, nbytes: int, *, kind: str, peers_writabl
             if peer_bytes == 0:
                 continue
             writable = peer == host_rank or peers_writable
-            tail_from = peers_writable_from if peer != host_rank else None
+            tail_from = peers_writable_from if peer != host_rank and peers_writable_from is not None \
+                and peers_writable_from < peer_bytes else None
             try:
                 fd = os.open(peer_path, os.O_RDWR if writable or tail_from is not None else os.O_RDONLY)
                 try:
-                    mappings[peer] = mmap.mmap(fd, peer_bytes,
+                    # With a tail, two mappings that do not overlap: a page mapped twice would count
+                    # twice in this process's RSS.
+                    mappings[peer] = mmap.mmap(fd, peer_bytes if tail_from is None else tail_from,
                                                access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
                     if tail_from is not None:
                         tails[peer] = mmap.mmap(fd, peer_bytes - tail_from, access=mmap.ACCESS_WRITE,

@@ -1,7 +1,7 @@
 """The shared-memory transport: the ranks of one host read each other's memory directly.
 
 Every rank owns one **segment** (a sparse file mapping, see :mod:`commlib.shared_memory`) that
-every other rank of the host maps read-only, and its heap once more read-write. A rank writes
+every other rank of the host maps: read-only, except the heap, mapped read-write. A rank writes
 its own segment and, only inside a collective that every rank runs on symmetric buffers, the
 chunks of its peers' buffers that it computes (``shm_twoshot``'s push); it reads its peers' in
 place, so data moves once, from the writer's pages into the reader's cache, instead of being
@@ -219,18 +219,15 @@ class SharedMemoryTransport(Transport):
         self._own_address = own.ctypes.data
         self._bytes = [own if peer == rank else np.frombuffer(segment, np.uint8)
                        for peer, segment in enumerate(segments)]
-        # Where this rank may write each rank's segment: (bytes, the offset of their first) for the
-        # heap, from ``heaps`` (a read-write mapping of each peer's heap alone, the rest of its
-        # segment staying read-only here), or the segments themselves where they are writable.
-        self.heaps = list(heaps) if heaps is not None else []
-        heap_start = layout.heap_start
-        self._writable: List[Optional[Tuple[np.ndarray, int]]] = [
-            (own, 0) if peer == rank
-            else (np.frombuffer(self.heaps[peer], np.uint8), heap_start) if heaps is not None and self.heaps[peer]
-            else (self._bytes[peer], 0) if self._bytes[peer].flags.writeable else None
-            for peer in range(self.size)]
-        # The same on every rank of a group (its mappings are made collectively, all or none).
-        self.peers_writable = all(entry is not None for entry in self._writable)
+        # ``heaps``: each peer's heap mapped read-write on its own (None for this rank), its segment
+        # then mapping only what precedes the heap, read-only: symmetric buffers are reached
+        # through the heap's mapping, the rest through the segment's (see _place).
+        self.heaps = list(heaps) if heaps is not None else [None] * self.size
+        self._heap_bytes = [None if heap is None else np.frombuffer(heap, np.uint8) for heap in self.heaps]
+        # Whether this rank can write every peer's heap: the same on every rank of a group (its
+        # mappings are made collectively, all or none).
+        self.peers_writable = all(heap is not None or self._bytes[peer].flags.writeable
+                                  for peer, heap in enumerate(self._heap_bytes))
         start, slot = layout.slots_start, layout.slot_bytes
         staging_start, half = layout.staging_start, layout.staging_bytes
         # Areas this rank writes: 0, 1 the slots; 2, 3 the staging halves.
@@ -487,13 +484,25 @@ class SharedMemoryTransport(Transport):
         if array is None:
             if len(self._views) > 512:
                 self._views.clear()
-            end = offset + count * dtype.itemsize
-            if not 0 <= offset <= end <= self.layout.total_bytes:
+            nbytes = count * dtype.itemsize
+            place = self._place(peer, offset, nbytes)
+            if place is None:
                 raise CommError(f"rank {self.ranks[self.rank]}: {self.context.describe()}: rank "
-                                f"{self.ranks[peer]} offered [{offset}, {end}) outside its segment")
-            array = self._bytes[peer][offset:end].view(dtype)
+                                f"{self.ranks[peer]} offered [{offset}, {offset + nbytes}) outside its segment")
+            array = place[0][place[1]:place[1] + nbytes].view(dtype)
             self._views[key] = array
         return array
+
+    def _place(self, peer: int, offset: int, nbytes: int) -> Optional[Tuple[np.ndarray, int]]:
+        """``(bytes, index)``: where ``[offset, offset + nbytes)`` of ``peer``'s segment is mapped
+        here (its heap's own mapping or the segment's), or None outside of either."""
+        heap = self._heap_bytes[peer]
+        heap_start = self.layout.heap_start
+        if heap is not None and offset >= heap_start:
+            array, start = heap, offset - heap_start
+        else:
+            array, start = self._bytes[peer], offset
+        return (array, start) if 0 <= start and start + nbytes <= array.size else None
 
     def writable_arrays(self, offsets: Sequence[int], count: int, dtype) -> List[np.ndarray]:
         """Like :meth:`offered_arrays`, writable (with :attr:`peers_writable`, in the heap only)."""
@@ -503,21 +512,24 @@ class SharedMemoryTransport(Transport):
             key = ("writable", peer, offset, count, dtype)
             array = self._views.get(key)
             if array is None:
-                entry = self._writable[peer]
-                start = offset - entry[1] if entry is not None else -1
-                if entry is None or start < 0 or start + nbytes > entry[0].size:
+                place = self._place(peer, offset, nbytes)
+                if place is None or not place[0].flags.writeable:
                     raise CommError(f"rank {self.ranks[self.rank]}: {self.context.describe()}: cannot write "
                                     f"[{offset}, {offset + nbytes}) of rank {self.ranks[peer]}'s segment")
                 if len(self._views) > 512:
                     self._views.clear()
-                array = self._views[key] = entry[0][start:start + nbytes].view(dtype)
+                array = self._views[key] = place[0][place[1]:place[1] + nbytes].view(dtype)
             arrays.append(array)
         return arrays
 
-    def populate_heap(self, peer: int, offset: int, nbytes: int) -> None:
-        """Fault in the writable mapping of ``peer``'s heap at ``offset`` (a page boundary) now."""
-        if peer != self.rank and self.heaps and self.heaps[peer] is not None:
-            populate(self.heaps[peer], offset - self.layout.heap_start, nbytes, write=True)
+    def populate_peer(self, peer: int, offset: int, nbytes: int) -> None:
+        """Fault in this process's mapping of ``[offset, offset + nbytes)`` of ``peer``'s segment
+        (``offset`` a page boundary) now, so the first collective does not pay a fault per page."""
+        heap = self.heaps[peer]
+        if heap is not None and offset >= self.layout.heap_start:
+            populate(heap, offset - self.layout.heap_start, nbytes, write=True)
+        else:
+            populate(self.segments[peer], offset, nbytes, write=False)
 
     def _mismatch(self, peer: int, their_bytes: int, their_kind: int, nbytes: int, kind: int) -> None:
         raise CollectiveMismatchError(
@@ -701,7 +713,7 @@ class SharedMemoryTransport(Transport):
         self._views.clear()
         self._forget_slot_views()
         self._bytes = []
-        self._writable = []
+        self._heap_bytes = []
         self._own_bytes = None
         for control in self._controls:
             control.release()
