@@ -114,8 +114,8 @@ def allgather_shm_direct(transport, out, inp, *, segment_bytes: int) -> None:
     order = reduce_order(rank, size)
     reads = [(peer, 0, n, peer * n) for peer in order]
     # Every buffer symmetric: each rank writes its block into every rank's output instead, each
-    # chunk read once for all of them (at P=2 and 16-64 MiB 0.8-0.9 of the reads' time, probe
-    # commlib's session notes; the reads read every block once per reader).
+    # chunk read once for all of them, where the reads read every block once per reader (a probe
+    # of both at P=2, 4-64 MiB: 0.83-0.93 of the reads' time; README, "Every buffer symmetric").
     pushes = [(peer, 0, n, rank * n) for peer in order]
     move_rounds(transport, "allgather", _bytes(out), _bytes(inp), 1, n, reads, [(0, n)], segment_bytes,
                 pushes=pushes)
@@ -261,7 +261,8 @@ def move_rounds(transport, collective: str, destination, source, blocks: int, bl
         if pushes and start == 0 and _everything_symmetric(transport, epoch, offers):
             _push(transport, epoch, source, destination.nbytes, pushes, copy_bytes)
             transport.depart(wrote=True)
-            break
+            transport.wait_departed(epoch, "finish writing its block into this rank's output")
+            return
         if staging is not None:
             _stage(transport, epoch, staging, source, windows, read_by_peers, chunk, copy_bytes)
         for _, lo, hi, to in own:
