@@ -74,9 +74,7 @@ def twoshot_floor(buf: np.ndarray, standin: np.ndarray, rank: int, size: int, op
     def run() -> None:
         for piece, other, chunks, copies in rounds:
             for lo, hi in chunks:
-                out = piece[lo:hi]
-                for _ in range(reads):
-                    combine(out, other[lo:hi], out=out)
+                _reduce_from(piece[lo:hi], other[lo:hi], reads, combine)
             for destination, source in copies:  # in the two-shot's cache-sized pieces
                 copy_in_pieces(destination, source, 0, destination.size, copy_elems)
 
@@ -100,10 +98,15 @@ def _push_floor(buf: np.ndarray, standin: np.ndarray, rank: int, size: int, comb
     def run() -> None:
         for piece, other, outs, chunks in rounds:
             for lo, hi in chunks:
-                out = piece[lo:hi]
-                for _ in range(reads):
-                    combine(out, other[lo:hi], out=out)
+                _reduce_from(piece[lo:hi], other[lo:hi], reads, combine)
                 for destination in outs:
                     copy_in_pieces(destination, piece, lo, hi, copy_elems)
 
     return run
+
+
+def _reduce_from(out: np.ndarray, standin: np.ndarray, reads: int, combine) -> None:
+    """The reduce of one chunk: ``reads`` times ``out = combine(out, standin)``, where the
+    collective combines the ``P - 1`` peers' chunks."""
+    for _ in range(reads):
+        combine(out, standin, out=out)

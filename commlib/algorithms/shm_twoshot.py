@@ -171,13 +171,8 @@ def allreduce_shm_twoshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
             continue
         data = transport.offered_arrays(offsets, piece.size, dtype)
         for index, (lo, hi) in enumerate(mine_chunks):
-            out = mine[lo:hi]
-            # This rank's own contribution first, wherever it lives (in place: out itself).
-            combine(piece[lo:hi], data[order[1]][lo:hi], out=out)
-            for peer in order[2:]:
-                combine(out, data[peer][lo:hi], out=out)
-            if op is ReduceOp.AVG:
-                out /= size
+            # This rank's own contribution first, wherever it lives (in place: mine itself).
+            _reduce_chunk(mine[lo:hi], piece[lo:hi], data, order[1:], lo, hi, combine, op, size)
             if slice_hook is None:
                 if in_place is None:
                     copy_in_pieces(piece, mine, lo, hi, copy_elems)
@@ -199,6 +194,16 @@ def allreduce_shm_twoshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
                                 else "finish reading this rank's buffer")
 
 
+def _reduce_chunk(out, own, data, peers: List[int], lo: int, hi: int, combine, op: ReduceOp, size: int) -> None:
+    """``out = own`` combined with ``data[peer][lo:hi]`` for each of ``peers`` in order (AVG: the
+    sum, divided here while the chunk is in cache)."""
+    combine(own, data[peers[0]][lo:hi], out=out)
+    for peer in peers[1:]:
+        combine(out, data[peer][lo:hi], out=out)
+    if op is ReduceOp.AVG:
+        out /= size
+
+
 def interleaved_chunks(count: int, rank: int, size: int, chunk_elems: int) -> List[Span]:
     """Every ``size``-th chunk of ``count`` elements from chunk ``rank`` on, the chunks at most
     ``chunk_elems`` and small enough that every rank gets one."""
@@ -215,11 +220,7 @@ def _reduce_and_push(data, order: List[int], chunks: List[Span], combine, op: Re
     peers = order[1:]
     for lo, hi in chunks:
         out = mine[lo:hi]
-        combine(out, data[peers[0]][lo:hi], out=out)
-        for peer in peers[1:]:
-            combine(out, data[peer][lo:hi], out=out)
-        if op is ReduceOp.AVG:
-            out /= size
+        _reduce_chunk(out, out, data, peers, lo, hi, combine, op, size)
         if slice_hook is None:
             for peer in peers:
                 copy_in_pieces(data[peer], mine, lo, hi, copy_elems)
