@@ -39,8 +39,8 @@ slices, which rank ``j`` has read (in step 1) before its PROGRESS covered them.
 
 Cost per rank for ``n`` bytes at P = 2: the push reads both contributions of its ``n/2`` and
 writes them twice, the least an in-place allreduce can do (each buffer read once and written
-once); the pull reads ``n/2`` more (the peer's reduced slice). Measured at 64 MiB: 3.1 ms for
-the push against 4.2-4.6 ms for the pull and 5.5-5.8 ms for the ring (see the README). A plain
+once); the pull reads ``n/2`` more (the peer's reduced slice). Measured at 64 MiB in two runs:
+2.9-3.1 ms for the push against 4.2-4.6 ms for the pull and 5.6-5.8 ms for the ring. A plain
 buffer adds one staging copy of ``(P-1)/P n`` and one of ``n/P`` (at 64 MiB and P = 2 that made
 it slower than the ring).
 
