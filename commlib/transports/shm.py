@@ -478,14 +478,17 @@ class SharedMemoryTransport(Transport):
         """Where every rank's staging half for ``epoch`` starts in its segment."""
         return self._areas[2 + (epoch & 1)][0]
 
-    def _view(self, peer: int, offset: int, count: int, dtype) -> np.ndarray:
-        key = (peer, offset, count, dtype)
+    def _view(self, peer: int, offset: int, count: int, dtype, writable: bool = False) -> np.ndarray:
+        key = (peer, offset, count, dtype, writable)
         array = self._views.get(key)
         if array is None:
             if len(self._views) > 512:
                 self._views.clear()
             nbytes = count * dtype.itemsize
             place = self._place(peer, offset, nbytes)
+            if writable and (place is None or not place[0].flags.writeable):
+                raise CommError(f"rank {self.ranks[self.rank]}: {self.context.describe()}: cannot write "
+                                f"[{offset}, {offset + nbytes}) of rank {self.ranks[peer]}'s segment")
             if place is None:
                 raise CommError(f"rank {self.ranks[self.rank]}: {self.context.describe()}: rank "
                                 f"{self.ranks[peer]} offered [{offset}, {offset + nbytes}) outside its segment")
@@ -506,21 +509,8 @@ class SharedMemoryTransport(Transport):
 
     def writable_arrays(self, offsets: Sequence[int], count: int, dtype) -> List[np.ndarray]:
         """Like :meth:`offered_arrays`, writable (with :attr:`peers_writable`, in the heap only)."""
-        arrays = []
-        nbytes = count * dtype.itemsize
-        for peer, offset in enumerate(offsets):
-            key = ("writable", peer, offset, count, dtype)
-            array = self._views.get(key)
-            if array is None:
-                place = self._place(peer, offset, nbytes)
-                if place is None or not place[0].flags.writeable:
-                    raise CommError(f"rank {self.ranks[self.rank]}: {self.context.describe()}: cannot write "
-                                    f"[{offset}, {offset + nbytes}) of rank {self.ranks[peer]}'s segment")
-                if len(self._views) > 512:
-                    self._views.clear()
-                array = self._views[key] = place[0][place[1]:place[1] + nbytes].view(dtype)
-            arrays.append(array)
-        return arrays
+        view = self._view
+        return [view(peer, offset, count, dtype, True) for peer, offset in enumerate(offsets)]
 
     def populate_peer(self, peer: int, offset: int, nbytes: int) -> None:
         """Fault in this process's mapping of ``[offset, offset + nbytes)`` of ``peer``'s segment
