@@ -5,10 +5,11 @@ batch). Our waits yield the core for their first 100 us, then sleep 10-200 us at
 the slack was most of each sleep: ``time.sleep(20e-6)`` took 94 us here (median of 2000),
 45 us with a 1 us slack. A wait that goes to sleep a moment before its peer finishes therefore
 woke one slack late, which at P=2 was a tenth of a 16 MiB shared-memory allreduce (measured in
-the same run: 0.97-1.02 ms with the default slack, 0.91-0.93 ms with 1 us).
+the same runs: 0.96-1.02 ms with the default slack, 0.91-0.93 ms with 1 us).
 
-So a wait lowers the slack of its own thread when it starts sleeping and puts back what the
-thread had when it ends (the thread may be the user's). Elsewhere than Linux, nothing changes.
+So a wait sleeps through a :class:`FineSleeper`: it lowers the slack of its own thread at the
+first sleep and puts back what the thread had when the wait ends (the thread may be the
+user's). Elsewhere than Linux, nothing changes.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+import time
 from typing import Callable, Optional
 
-__all__ = ["fine_timer_slack", "restore_timer_slack", "FINE_SLACK_NS"]
+__all__ = ["FineSleeper", "fine_timer_slack", "restore_timer_slack", "FINE_SLACK_NS"]
 
 _PR_SET_TIMERSLACK = 29
 _PR_GET_TIMERSLACK = 30
@@ -59,3 +61,22 @@ def restore_timer_slack(previous: int) -> None:
     """Put back what :func:`fine_timer_slack` returned (nothing for 0)."""
     if previous > 0 and _prctl is not None:
         _prctl(_PR_SET_TIMERSLACK, previous, 0, 0, 0)
+
+
+class FineSleeper:
+    """``sleep(seconds)`` with this thread's timer slack fine from the first sleep until
+    ``restore()`` (call it in a ``finally``; nothing to restore if it never slept)."""
+
+    __slots__ = ("_previous",)
+
+    def __init__(self) -> None:
+        self._previous = -1  # not lowered yet
+
+    def sleep(self, seconds: float) -> None:
+        if self._previous < 0:
+            self._previous = fine_timer_slack()
+        time.sleep(seconds)
+
+    def restore(self) -> None:
+        restore_timer_slack(self._previous)
+        self._previous = -1

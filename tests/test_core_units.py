@@ -1,6 +1,7 @@
 """Single-process unit tests of the pieces that need no peer: config, validation, work, registry."""
 
 import dataclasses
+import sys
 import threading
 
 import numpy as np
@@ -204,3 +205,28 @@ def test_every_commlib_handle_is_a_work_handle():
         assert not missing, f"{handle_class.__name__} lacks {missing} of commlib.WorkHandle"
     assert isinstance(Work("allreduce"), WorkHandle)
     assert not isinstance(object(), WorkHandle)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+def test_a_sleeping_wait_lowers_its_threads_timer_slack_and_puts_it_back():
+    """FineSleeper: the slack is 1 us from the first sleep on, and what the thread had after restore()."""
+    import ctypes
+    import ctypes.util
+
+    from commlib.timer_slack import FINE_SLACK_NS, FineSleeper
+
+    prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    set_slack, get_slack = 29, 30  # PR_SET_TIMERSLACK, PR_GET_TIMERSLACK
+    before = 50_000  # Linux's default, set here so the test does not depend on what the thread had
+    original = prctl(get_slack, 0, 0, 0, 0)
+    assert prctl(set_slack, before, 0, 0, 0) == 0
+    sleeper = FineSleeper()
+    sleeper.restore()  # never slept: nothing to put back
+    assert prctl(get_slack, 0, 0, 0, 0) == before
+    sleeper.sleep(1e-5)
+    assert prctl(get_slack, 0, 0, 0, 0) == FINE_SLACK_NS
+    sleeper.sleep(1e-5)
+    sleeper.restore()
+    assert prctl(get_slack, 0, 0, 0, 0) == before
+    prctl(set_slack, original, 0, 0, 0)

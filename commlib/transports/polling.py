@@ -21,7 +21,7 @@ import time
 from mpi4py import MPI
 
 from ..machine import oversubscribed
-from ..timer_slack import fine_timer_slack, restore_timer_slack
+from ..timer_slack import FineSleeper
 
 __all__ = ["wait_all", "polls_per_yield", "POLLS_PER_YIELD", "SLEEP_AFTER_SECONDS"]
 
@@ -60,7 +60,7 @@ def wait_all(requests, deadline: float, give_up=None, statuses=None) -> bool:
     start = monotonic()
     next_give_up_check = start
     sleep = 1e-5
-    slack = -1  # the thread's timer slack before this wait slept (commlib/timer_slack.py)
+    sleeper = FineSleeper()
     try:
         while True:
             sched_yield()
@@ -72,12 +72,10 @@ def wait_all(requests, deadline: float, give_up=None, statuses=None) -> bool:
                     if give_up():
                         return bool(testall())
                     next_give_up_check = now + GIVE_UP_CHECK_SECONDS
-                if slack < 0:
-                    slack = fine_timer_slack()
-                time.sleep(sleep)
+                sleeper.sleep(sleep)
                 sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
             for _ in polls:
                 if testall():
                     return True
     finally:
-        restore_timer_slack(slack)
+        sleeper.restore()

@@ -56,7 +56,7 @@ from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, Inval
 from ..machine import cores_available, oversubscribed
 from ..ops import DTYPE_IS_FLOAT, ReduceOp, ufunc_name
 from ..shared_memory import PAGE_BYTES, fence, fence_lock, populate
-from ..timer_slack import fine_timer_slack, restore_timer_slack
+from ..timer_slack import FineSleeper
 from .interface import Pending, Transfer, Transport, format_bytes
 
 __all__ = ["SharedMemoryTransport", "SegmentLayout", "kind_code", "move_kind_code"]
@@ -579,7 +579,7 @@ class SharedMemoryTransport(Transport):
         sleep_after = self._midway_sleep_after if word == PROGRESS or word == DONE else SLEEP_AFTER_SECONDS
         sleep = 2e-5
         polls = 0
-        slack = -1  # the thread's timer slack before this wait slept (commlib/timer_slack.py)
+        sleeper = FineSleeper()
         try:
             while control[word] < target:
                 sched_yield()
@@ -592,9 +592,7 @@ class SharedMemoryTransport(Transport):
                         return
                     self._raise_timeout(peer, word, target, what)
                 if now - start > sleep_after:
-                    if slack < 0:
-                        slack = fine_timer_slack()
-                    time.sleep(sleep)
+                    sleeper.sleep(sleep)
                     sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
                     if now - last_check > LIVENESS_EVERY_SECONDS:
                         last_check = now
@@ -606,7 +604,7 @@ class SharedMemoryTransport(Transport):
                             if control[other] >= target and control[word] < target:
                                 self._raise_other_round(peer, word, target)
         finally:
-            restore_timer_slack(slack)
+            sleeper.restore()
 
     def _raise_other_round(self, peer: int, word: int, target: int) -> None:
         """``peer`` began this epoch's round through the other counter: it runs another algorithm."""
