@@ -2,7 +2,7 @@
 
 ``python -m commlib.bench --floor`` (allreduce) adds a row ``floor:twoshot``: every rank does the
 loads, stores and additions the two-shot allreduce does on its buffer, the same numpy calls in
-the same rounds and chunk sizes (:mod:`commlib.algorithms.shm_twoshot`), but on private
+the same rounds, chunk sizes and order (:mod:`commlib.algorithms.shm_twoshot`), but on private
 stand-ins for the peers' memory and without a single synchronisation. Which schedule it models
 follows the buffer, as the collective's choice does:
 
@@ -32,7 +32,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from .algorithms.shm_twoshot import (CHUNK_BYTES, CHUNK_BYTES_MANY, COPY_BYTES, PUSH_BYTES, chunk_spans,
-                                     copy_in_pieces, interleaved_chunks, round_slices)
+                                     copy_in_pieces, interleaved_chunks, round_bounds, round_slices)
 from .ops import ReduceOp, ufunc_name
 
 __all__ = ["FLOOR_NAME", "twoshot_floor"]
@@ -56,8 +56,8 @@ def twoshot_floor(buf: np.ndarray, standin: np.ndarray, rank: int, size: int, op
     copy_elems = max(1, COPY_BYTES // itemsize)
     round_elems = max(size, round_bytes // itemsize)
     rounds = []
-    for start in range(0, buf.size, round_elems):
-        piece, other = buf[start:start + round_elems], standin[start:start + round_elems]
+    for start, stop in round_bounds(buf.size, round_elems):  # in the collective's order
+        piece, other = buf[start:stop], standin[start:stop]
         slices = round_slices(piece.size, size)
         mine_lo, mine_hi = slices[rank]
         # Each other slice is filled from this rank's own: (destination lo, hi, source lo) pieces,
@@ -89,8 +89,7 @@ def _push_floor(buf: np.ndarray, standin: np.ndarray, rank: int, size: int, comb
     if destinations is None:
         destinations = [standin] * (size - 1)
     rounds = []
-    for start in range(0, buf.size, round_elems):
-        stop = min(start + round_elems, buf.size)
+    for start, stop in round_bounds(buf.size, round_elems):
         rounds.append((buf[start:stop], standin[start:stop], [out[start:stop] for out in destinations],
                        interleaved_chunks(stop - start, rank, size, PUSH_BYTES // itemsize)))
     reads = max(1, size - 1)

@@ -15,7 +15,8 @@ import pytest
 
 from commlib import CollectiveMismatchError, CommTimeoutError, ReduceOp
 from commlib.algorithms import get_algorithm
-from commlib.algorithms.shm_twoshot import chunk_spans, gather_order, interleaved_chunks, reduce_order, round_slices
+from commlib.algorithms.shm_twoshot import (chunk_spans, gather_order, interleaved_chunks, reduce_order, round_bounds,
+                                            round_slices)
 from commlib.symmetric_heap import SymmetricHeap
 from commlib.transports.inprocess import InProcessWorld
 from commlib.transports.shm import SegmentLayout, SharedMemoryTransport
@@ -155,6 +156,15 @@ def test_twoshot_schedule_rotates_and_covers_every_element_once():
             assert [lo for lo, _ in covered] == ([0] + ends[:-1] if covered else [])  # back to back from 0
             assert sum(hi - lo for lo, hi in covered) == count
             assert count < size or all(owned), (count, owned)
+            # Last first: a buffer written front to back just before has its end in cache.
+            assert all(chunks == sorted(chunks, reverse=True) for chunks in owned), owned
+    # The rounds: back to back over the buffer, none longer than asked, last first.
+    for count, round_elems in ((0, 4), (1, 4), (8, 4), (9, 4), (1000, 64)):
+        rounds = round_bounds(count, round_elems)
+        assert rounds == sorted(rounds, reverse=True)
+        forward = rounds[::-1]
+        assert [lo for lo, _ in forward] == ([0] + [hi for _, hi in forward[:-1]] if count else [])
+        assert sum(hi - lo for lo, hi in rounds) == count and all(hi - lo <= round_elems for lo, hi in rounds)
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
