@@ -211,11 +211,12 @@ def _first_row(rows, nbytes: int) -> Optional[str]:
 
 # The data movers on a one-host group: (collective, world class) -> rows, None: the table above.
 # By size only, never by the kind of buffer (shm_direct reads plain and symmetric sources alike),
-# so every rank chooses the same. Broadcast, 2026-12-01, `--collective broadcast -a
-# auto,shm_direct` (plain buffers), shm_direct / MPI_Bcast: P = 4: 0.53, 0.52, 0.63, 0.72 at 1, 4,
-# 16, 64 MiB (the table's choice 1.02, 0.82, 0.72, 0.76 in an earlier run); P = 8: 0.39, 0.56,
-# 0.60 at 1, 4, 16 MiB (the table's 0.76, 0.85, 0.68 in the same run). At P = 2 and 3 it lost at
-# 16 MiB (1.27, 1.22): the staging copy and the readers' copies compete for memory bandwidth.
+# so every rank chooses the same; except where every buffer is symmetric (_SYMMETRIC_MOVERS).
+# Broadcast, 2026-12-01, `--collective broadcast -a auto,shm_direct` (plain buffers), shm_direct /
+# MPI_Bcast: P = 4: 0.53, 0.52, 0.63, 0.72 at 1, 4, 16, 64 MiB (the table's choice 1.02, 0.82,
+# 0.72, 0.76 in an earlier run); P = 8: 0.39, 0.56, 0.60 at 1, 4, 16 MiB (the table's 0.76, 0.85,
+# 0.68 in the same run). At P = 2 and 3 it lost at 16 MiB (1.27, 1.22): the staging copy and the
+# readers' copies compete for memory bandwidth.
 # Allgather, `--collective allgather -b 256K -e 16M -a auto,shm_direct`, shm_direct / the
 # table's choice, both over MPI_Allgather in the same run: P = 4: 0.91 / 1.33 and 0.86 / 1.11 at 1
 # and 4 MiB, 1.15 / 1.03 at 16 MiB; P = 8: 0.97 / 1.64, 0.78 / 1.14, 0.90 / 1.09; at 256 KiB
@@ -231,6 +232,27 @@ _SHARED_MEMORY_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], 
     ("allgather", "pow2"): ((512 * KiB, None), (4 * MiB, "shm_direct"), (INF, None)),
     ("gather", "pow2"): ((256 * KiB - 1, None), (INF, "shm_direct")),
     ("scatter", "pow2"): ((MiB - 1, None), (INF, "shm_direct")),
+}
+
+
+# Every buffer of the call symmetric (allgather, alltoall: source and output in the group's
+# shared memory on this rank; see ProcessGroup.alloc): the MPI library's copies from and into
+# those shared pages are slower than from private ones, and shm_direct reads the sources in place
+# (allgather: pushes into the outputs). Two runs of `--collective allgather|alltoall -a
+# auto,shm_direct --symmetric --symmetric-output -b 16K -e 64M -f 4` at P = 2, 4, 8 (2026-12-01),
+# shm_direct@symio / auto@symio (the rows above), both over the library's call on private
+# buffers in the same run: allgather P = 2: 1.88-2.23 / 1.60-1.92 at 256 KiB, 1.03-1.30 /
+# 1.35-1.46 at 1 MiB, 0.67-0.79 / 1.21-1.57 at 4-64 MiB; P = 4 and 8 at 16-64 MiB: 0.58-0.90 /
+# 1.29-1.64. Alltoall P = 2: 1.89-2.02 / 1.94-1.99 at 256 KiB, 0.96-1.02 / 1.53 at 1 MiB,
+# 0.57-0.90 / 1.24-1.78 at 4-64 MiB; P = 4: 0.82-1.02 / 1.18-1.43 from 1 MiB; P = 8: 0.62-1.15
+# / 0.71-1.45 from 1 MiB (4 MiB once 1.01 / 0.95). At 256 KiB and below the two split or the
+# library's call wins, so the rows start above it. As with allreduce, the choice then depends on
+# the buffers: every rank must pass the same kind.
+_SYMMETRIC_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], ...]] = {
+    ("allgather", "2"): ((512 * KiB, None), (INF, "shm_direct")),
+    ("allgather", "pow2"): ((512 * KiB, None), (INF, "shm_direct")),
+    ("alltoall", "2"): ((512 * KiB, None), (INF, "shm_direct")),
+    ("alltoall", "pow2"): ((512 * KiB, None), (INF, "shm_direct")),
 }
 
 
@@ -250,13 +272,17 @@ _CROSS_MEMORY_MOVERS: Dict[Tuple[str, str], Tuple[Tuple[float, Optional[str]], .
 
 
 def choose_shared_memory_mover(collective: str, nbytes: int, world_size: int,
-                               cross_memory: bool = False) -> Optional[str]:
+                               cross_memory: bool = False, symmetric: bool = False) -> Optional[str]:
     """The shared-memory algorithm ``"auto"`` means for a data mover on a one-host group, or None;
-    ``cross_memory``: the group's ranks can copy from each other's private memory."""
+    ``cross_memory``: the group's ranks can copy from each other's private memory; ``symmetric``:
+    every buffer of the call lives in the group's shared memory (only allgather and alltoall
+    choose by it)."""
     if world_size == 1:
         return None
     key = (collective, world_class(world_size))
-    rows = _CROSS_MEMORY_MOVERS.get(key) if cross_memory else None
+    rows = _SYMMETRIC_MOVERS.get(key) if symmetric else None
+    if rows is None and cross_memory:
+        rows = _CROSS_MEMORY_MOVERS.get(key)
     return _first_row(rows or _SHARED_MEMORY_MOVERS.get(key, ()), nbytes)
 
 

@@ -51,6 +51,7 @@ class CollectiveMethods:
     _issue: Callable[..., Any]
     resolve_algorithm: Callable[..., str]
     _shared_memory_for: Callable[..., Any]
+    _is_symmetric: Callable[[Any], bool]
     # The small-message fast paths by algorithm, ``runner(*args) -> ran`` (set by
     # commlib/group_inline.py).
     _broadcast_inline: Dict[str, Callable[..., bool]]
@@ -97,7 +98,7 @@ class CollectiveMethods:
             return None
         flat_out, flat_inp = self._out_and_inp("allgather", out, inp)
         self._check_size("allgather", "out", flat_out.size, "inp", flat_inp.size)
-        name, fn, shared = self._algorithm("allgather", algorithm, flat_out.nbytes, out)
+        name, fn, shared = self._algorithm("allgather", algorithm, flat_out.nbytes, out, (flat_out, flat_inp))
         run = algorithm_task(fn, (flat_out, flat_inp), self.segment_bytes, shared=shared)
         return self._issue("allgather", run, flat_out.nbytes, async_op, out, name,
                            CallFingerprint(flat_inp.dtype, inp.shape, "", -1, name), kind_of=out)
@@ -129,7 +130,7 @@ class CollectiveMethods:
                 f"alltoall: inp has {flat_inp.size} and out {flat_out.size} elements; expected the same "
                 f"size, a multiple of the world size {self.size} (one equal block per rank; alltoallv "
                 f"takes unequal ones)")
-        name, fn, shared = self._algorithm("alltoall", algorithm, flat_inp.nbytes, out)
+        name, fn, shared = self._algorithm("alltoall", algorithm, flat_inp.nbytes, out, (flat_out, flat_inp))
         run = algorithm_task(fn, (flat_out, flat_inp), self.segment_bytes, shared=shared)
         return self._issue("alltoall", run, flat_inp.nbytes, async_op, out, name,
                            CallFingerprint(flat_inp.dtype, inp.shape, "", -1, name), kind_of=out)
@@ -192,11 +193,13 @@ class CollectiveMethods:
         return self._issue("barrier", run, 0, async_op, None, name, CallFingerprint(None, (), "", -1, name))
 
     # -- shared checks -------------------------------------------------------------------------
-    def _algorithm(self, collective: str, algorithm, nbytes: int, buf):
+    def _algorithm(self, collective: str, algorithm, nbytes: int, buf, everything=()):
         """``(name, fn, shared)``: the algorithm to run, and the shared-memory transport it needs
-        (None for the others; InvalidUsageError where it cannot have one)."""
+        (None for the others; InvalidUsageError where it cannot have one). ``everything``: every
+        buffer of the call, where ``"auto"`` chooses by whether all of them are symmetric."""
         on_gpu = buf is not None and buf.__class__ is not np.ndarray
-        name = self.resolve_algorithm(algorithm, nbytes, on_gpu, collective=collective)
+        symmetric = algorithm == "auto" and bool(everything) and all(map(self._is_symmetric, everything))
+        name = self.resolve_algorithm(algorithm, nbytes, on_gpu, collective=collective, symmetric=symmetric)
         fn = _algorithms.get_algorithm(name, collective)
         if getattr(fn, "requires_shared_memory", False):
             return name, fn, self._shared_memory_for(name, buf, collective)

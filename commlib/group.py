@@ -236,7 +236,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
     def resolve_algorithm(self, algorithm: str, nbytes: int, on_gpu: bool = False,
                           collective: str = "allreduce", symmetric: bool = False) -> str:
         """The algorithm a ``collective`` call with ``algorithm`` and ``nbytes`` runs (resolves "auto");
-        ``symmetric``: the buffer lives in this group's shared memory (``alloc``)."""
+        ``symmetric``: the call's buffers live in this group's shared memory (``alloc``)."""
         if algorithm == "auto":
             override = self.config.algorithm_override_for(collective)
             if override:
@@ -248,7 +248,7 @@ class ProcessGroup(SharedMemoryMethods, CollectiveMethods, PointToPointMethods):
             if self._shm is not None:
                 shared = (choose_shared_memory_allreduce(nbytes, self.size, symmetric) if collective == "allreduce"
                           else choose_shared_memory_mover(collective, nbytes, self.size,
-                                                          self._shm.cross_memory is not None))
+                                                          self._shm.cross_memory is not None, symmetric))
                 if shared is not None:
                     return shared
             return choose(collective, nbytes, self.size, _algorithms._REGISTRIES[collective])

@@ -67,7 +67,7 @@ def test_auto_tables_cover_every_collective_and_name_registered_algorithms():
                                                                           algorithm_names("alltoallv"))
 
 
-def test_auto_picks_shm_direct_where_it_was_measured_faster_by_size_and_the_groups_probe_only():
+def test_auto_picks_shm_direct_where_it_was_measured_faster_by_size_probe_and_buffer_kind():
     from commlib.auto import choose_shared_memory_mover
 
     assert choose_shared_memory_mover("broadcast", 1 << 20, 4) == "shm_direct"
@@ -96,6 +96,22 @@ def test_auto_picks_shm_direct_where_it_was_measured_faster_by_size_and_the_grou
     for collective in ("gather", "scatter", "alltoall", "reduce"):
         assert choose_shared_memory_mover(collective, 16 << 20, 2) is None  # no cross-memory copies
         assert choose_shared_memory_mover(collective, 16 << 20, 3) is None
+    # Every buffer symmetric: allgather and alltoall take shm_direct above 512 KiB at 2, 4 and 8
+    # ranks, whatever the cross-memory probe; the other movers and world sizes choose as before.
+    for collective in ("allgather", "alltoall"):
+        for size in (2, 4, 8):
+            for cross_memory in (False, True):
+                chosen = [choose_shared_memory_mover(collective, nbytes, size, cross_memory, symmetric=True)
+                          for nbytes in (512 << 10, (512 << 10) + 1, 64 << 20)]
+                assert chosen == [choose_shared_memory_mover(collective, 512 << 10, size, cross_memory),
+                                  "shm_direct", "shm_direct"], (collective, size, cross_memory, chosen)
+        assert choose_shared_memory_mover(collective, 64 << 20, 3, symmetric=True) is None
+        assert choose_shared_memory_mover(collective, 64 << 20, 1, symmetric=True) is None
+    for collective in ("broadcast", "gather", "scatter"):
+        for size in (2, 3, 4):
+            for nbytes in (1 << 20, 16 << 20):
+                assert (choose_shared_memory_mover(collective, nbytes, size, True, symmetric=True)
+                        == choose_shared_memory_mover(collective, nbytes, size, True))
 
 
 def test_the_fast_paths_limits_follow_the_auto_tables_first_rows():

@@ -41,6 +41,13 @@ def test_auto_with_a_symmetric_buffer_on_some_ranks_only_names_the_divergence_at
     assert time.monotonic() - started < 45  # the group's timeout is 60 s
 
 
+def test_auto_movers_with_every_buffer_symmetric_on_some_ranks_only_end_in_a_timeout_that_says_why():
+    # Symmetric buffers take shm_direct, a plain output the MPI library's allgather: bounded by
+    # the group's timeout (3 s) on every rank; the ranks in shared memory name the likely cause.
+    result = run_mpi("shm_faults.py", 2, "mixed_movers", "auto", "3", timeout=60)
+    assert "OK:" in result.stdout
+
+
 def test_a_vanished_peer_is_named_long_before_the_timeout():
     # Rank 1 ends without MPI finalize while ranks 0 and 2 wait for it in shared memory; the group's
     # timeout is 30 s, the peers must notice the process is gone within a few seconds. Without

@@ -158,6 +158,26 @@ def check_data_movers(pg, check):
         pg.alltoall(sym_out, matrix, algorithm="shm_direct")
         check.equal(sym_out, np.repeat(10 * np.arange(size) + rank + step, 3001), f"alltoall, all symmetric, #{step}")
         sym_out[...] = -1
+    # auto with every buffer symmetric: shm_direct for allgather and alltoall from 512 KiB at 2, 4
+    # and 8 ranks (the library's copies from shared pages are slower); with one plain buffer the
+    # size alone decides, as for plain ones (allgathers of 512 KiB-4 MiB at 4 and 8 ranks).
+    block = (1 << 20) // (4 * size) + 1
+    sym_inp, plain_out = pg.alloc(block * size, np.int32), np.empty(block * size, np.int32)
+    sym_out = pg.alloc(block * size, np.int32)
+    for collective in ("allgather", "alltoall"):
+        for output_kind, out in (("symmetric", sym_out), ("plain", plain_out)):
+            inp = sym_inp[:block] if collective == "allgather" else sym_inp
+            inp[...] = np.arange(inp.size) + 1000 * rank
+            getattr(pg, collective)(out, inp)
+            if collective == "allgather":
+                expected = np.concatenate([np.arange(block) + 1000 * r for r in range(size)])
+            else:
+                expected = np.concatenate([np.arange(rank * block, (rank + 1) * block) + 1000 * r for r in range(size)])
+            ran = pg.transport.context.algorithm
+            label = f"auto {collective} of {out.nbytes} B, symmetric source, {output_kind} output, P={size}"
+            check.equal(out, expected, label)
+            wanted = size in (2, 4, 8) if output_kind == "symmetric" else (collective == "allgather" and size in (4, 8))
+            check.check((ran == "shm_direct") == wanted, f"{label}: ran {ran}")
     check.check(calls > 0, "the data movers ran")
 
 

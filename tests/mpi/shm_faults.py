@@ -16,6 +16,10 @@ Faults while the ranks synchronise through shared memory (rank 1 is the faulty o
   on odd ranks (a user's mistake: at P=2 the former takes shm_twoshot, the latter shm_oneshot):
   every rank raises ``CollectiveMismatchError`` saying the ranks chose different algorithms and
   why, within seconds, not after the timeout. (ALGORITHM is ignored.)
+* ``mixed_movers``: ``auto`` on a 1 MiB allgather with every buffer symmetric on even ranks and
+  a plain output on odd ranks (at P=2 the former takes shm_direct, the latter the MPI library's
+  call): every rank raises ``CommTimeoutError`` within the timeout, and the ranks in shared memory
+  say why. (ALGORITHM is ignored.)
 """
 
 import os
@@ -90,6 +94,21 @@ elif mode == "mixed":
     if error is not None:
         for needle in ("the ranks chose different algorithms", "pg.alloc", "allreduce #4"):
             check.check(needle in str(error), f"message {str(error)!r} lacks {needle!r}")
+elif mode == "mixed_movers":
+    block = (1 << 20) // (4 * pg.size) + 1
+    inp, shared_out = pg.alloc(block, np.int32), pg.alloc(block * pg.size, np.int32)
+    out = shared_out if rank % 2 == 0 else np.empty_like(shared_out)
+    inp[...] = rank
+    begun = time.monotonic()
+    error = check.raises(CommTimeoutError, lambda: pg.allgather(out, inp), "auto allgather on mixed outputs")
+    elapsed = time.monotonic() - begun
+    check.check(elapsed < timeout + 3, f"the divergence surfaced after {elapsed:.2f} s (timeout {timeout} s)")
+    if error is not None:
+        text = str(error)
+        needles = ("allgather #", "1 MiB") + (("shm_direct", "pg.alloc", "choose differently") if rank % 2 == 0
+                                             else ("the MPI library's allgather",))
+        for needle in needles:
+            check.check(needle in text, f"message {text!r} lacks {needle!r}")
 else:
     raise SystemExit(f"unknown mode {mode}")
 check.finish()
