@@ -31,8 +31,9 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from .algorithms.partition import rounds_last_first
 from .algorithms.shm_twoshot import (CHUNK_BYTES, CHUNK_BYTES_MANY, COPY_BYTES, PUSH_BYTES, chunk_spans,
-                                     copy_in_pieces, interleaved_chunks, round_bounds, round_slices)
+                                     copy_in_pieces, interleaved_chunks, round_slices)
 from .ops import ReduceOp, ufunc_name
 
 __all__ = ["FLOOR_NAME", "twoshot_floor"]
@@ -56,7 +57,7 @@ def twoshot_floor(buf: np.ndarray, standin: np.ndarray, rank: int, size: int, op
     copy_elems = max(1, COPY_BYTES // itemsize)
     round_elems = max(size, round_bytes // itemsize)
     rounds = []
-    for start, stop in round_bounds(buf.size, round_elems):  # in the collective's order
+    for start, stop in rounds_last_first(buf.size, round_elems):  # in the collective's order
         piece, other = buf[start:stop], standin[start:stop]
         slices = round_slices(piece.size, size)
         mine_lo, mine_hi = slices[rank]
@@ -89,7 +90,7 @@ def _push_floor(buf: np.ndarray, standin: np.ndarray, rank: int, size: int, comb
     if destinations is None:
         destinations = [standin] * (size - 1)
     rounds = []
-    for start, stop in round_bounds(buf.size, round_elems):
+    for start, stop in rounds_last_first(buf.size, round_elems):
         rounds.append((buf[start:stop], standin[start:stop], [out[start:stop] for out in destinations],
                        interleaved_chunks(stop - start, rank, size, PUSH_BYTES // itemsize)))
     reads = max(1, size - 1)

@@ -15,8 +15,8 @@ import pytest
 
 from commlib import CollectiveMismatchError, CommTimeoutError, ReduceOp
 from commlib.algorithms import get_algorithm
-from commlib.algorithms.shm_twoshot import (chunk_spans, gather_order, interleaved_chunks, reduce_order, round_bounds,
-                                            round_slices)
+from commlib.algorithms.partition import rounds_last_first
+from commlib.algorithms.shm_twoshot import chunk_spans, gather_order, interleaved_chunks, reduce_order, round_slices
 from commlib.symmetric_heap import SymmetricHeap
 from commlib.transports.inprocess import InProcessWorld
 from commlib.transports.shm import SegmentLayout, SharedMemoryTransport
@@ -160,7 +160,7 @@ def test_twoshot_schedule_rotates_and_covers_every_element_once():
             assert all(chunks == sorted(chunks, reverse=True) for chunks in owned), owned
     # The rounds: back to back over the buffer, none longer than asked, last first.
     for count, round_elems in ((0, 4), (1, 4), (8, 4), (9, 4), (1000, 64)):
-        rounds = round_bounds(count, round_elems)
+        rounds = rounds_last_first(count, round_elems)
         assert rounds == sorted(rounds, reverse=True)
         forward = rounds[::-1]
         assert [lo for lo, _ in forward] == ([0] + [hi for _, hi in forward[:-1]] if count else [])

@@ -17,9 +17,19 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-__all__ = ["split_bounds", "segment_elements", "segment_count", "displacements", "Span"]
+__all__ = ["split_bounds", "segment_elements", "segment_count", "displacements", "rounds_last_first", "Span"]
 
 Span = Tuple[int, int]  # [start, stop) in elements of the flat buffer
+
+
+def rounds_last_first(count: int, round_elems: int) -> List[Span]:
+    """``[0, count)`` in back-to-back spans of at most ``round_elems``, the last one first.
+
+    For the shared-memory allreduces, whose rounds may go in any order as long as every rank
+    takes the same: a buffer is most often written front to back just before the call, so its
+    end is what is still in cache, and a pass from the front would evict it before getting
+    there (measured in :mod:`.shm_twoshot`)."""
+    return [(start, min(start + round_elems, count)) for start in range(0, count, round_elems)][::-1]
 
 
 def split_bounds(start: int, stop: int, parts: int) -> List[Span]:

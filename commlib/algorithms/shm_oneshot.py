@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from ..errors import InvalidUsageError
 from ..ops import ReduceOp
+from .partition import rounds_last_first
 
 __all__ = ["allreduce_shm_oneshot"]
 
@@ -39,8 +40,9 @@ def allreduce_shm_oneshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
     round_elems = transport.layout.slot_bytes // buf.itemsize
     if buf.size <= round_elems:
         pieces = [(buf, None)]
-    else:
-        pieces = [(buf[start:start + round_elems], buf.nbytes) for start in range(0, buf.size, round_elems)]
+    else:  # last round first: a plain 8 MiB buffer at P=2 took 0.94-0.95 of the front-first time
+        # (three runs; 512 KiB-2 MiB the same either way)
+        pieces = [(buf[start:stop], buf.nbytes) for start, stop in rounds_last_first(buf.size, round_elems)]
     for piece, total_bytes in pieces:
         if not slot_round(0, None, piece, op, total_bytes):
             raise InvalidUsageError(f"allreduce: shm_oneshot cannot reduce this buffer ({piece.dtype}, op "

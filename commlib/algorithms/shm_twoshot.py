@@ -66,9 +66,9 @@ from typing import Callable, List, NamedTuple, Optional, Tuple
 
 from ..ops import ReduceOp, ufunc_name
 from ..transports.shm import kind_code
-from .partition import Span, split_bounds
+from .partition import Span, rounds_last_first, split_bounds
 
-__all__ = ["allreduce_shm_twoshot", "round_bounds", "round_slices", "chunk_spans", "reduce_order", "gather_order",
+__all__ = ["allreduce_shm_twoshot", "round_slices", "chunk_spans", "reduce_order", "gather_order",
            "copy_in_pieces", "interleaved_chunks", "CHUNK_BYTES", "PUSH_BYTES"]
 
 # Measured (P=2, 64 MiB, both ranks on the 2 cores, L2 1 MiB per core, L3 32 MiB shared): the
@@ -85,11 +85,6 @@ COPY_BYTES = 256 << 10
 # run, fixed reset as the benchmark's): 4.3-4.4 ms with 128 or 256 KiB chunks, 5.0-5.2 ms with
 # 1 MiB chunks (the copy then reads it back from L3).
 PUSH_BYTES = 256 << 10
-
-
-def round_bounds(count: int, round_elems: int) -> List[Span]:
-    """The rounds of ``count`` elements, at most ``round_elems`` each, last first (see Order)."""
-    return [(start, min(start + round_elems, count)) for start in range(0, count, round_elems)][::-1]
 
 
 def round_slices(count: int, size: int) -> List[Span]:
@@ -134,7 +129,7 @@ def _plan(transport, count: int, itemsize: int, segment_bytes: int) -> Tuple[Lis
         round_elems = max(size, transport.layout.staging_bytes // itemsize)
         push_elems = min(segment_bytes, PUSH_BYTES) // itemsize
         rounds = []
-        for start, stop in round_bounds(count, round_elems):
+        for start, stop in rounds_last_first(count, round_elems):
             slices = round_slices(stop - start, size)
             rounds.append(_Round(start, stop, slices, chunk_spans(slices[rank], chunk_elems),
                                  [(peer, chunk_spans(slices[peer], chunk_elems)) for peer in gather_order(rank, size)],
