@@ -14,10 +14,10 @@ Then one of two schedules, chosen alike on every rank from the offers:
 
 **Push** (every rank's buffer symmetric, and the peers' heaps writable here): rank ``r`` takes
 every ``P``-th chunk of the round from chunk ``r`` on, last first (interleaved, so that every
-rank gets as much of the freshly written and of the older part of a buffer). For each chunk it combines its
-own contribution with the peers' (rotated: ranks ``r + 1, r + 2, ...``) into its own buffer
-(AVG divides there) and writes the result into every peer's buffer while the chunk is still in
-its cache. Then *depart* (DONE, after a fence), and before returning, wait until every peer has
+rank gets as much of the freshly written and of the older part of a buffer). For each chunk it
+combines its own contribution with the peers' (rotated: ranks ``r + 1, r + 2, ...``) into its
+own buffer (AVG divides there) and writes the result into every peer's buffer while the chunk is
+still in its cache. Then *depart* (DONE, after a fence), and before returning, wait until every peer has
 departed: then every chunk of this rank's buffer has been written. No counter per chunk.
 
 **Pull** (any plain buffer): the round is cut into ``P`` **slices**, rank ``r`` owning slice
