@@ -298,9 +298,7 @@ def move_rounds(transport, collective: str, destination, source, blocks: int, bl
 
 def _everything_symmetric(transport, epoch: int, offers: Sequence[int]) -> bool:
     """Whether every rank offered its source in place and published its destination's place."""
-    staged_at = transport.staging_offset(epoch)
-    return (transport.peers_writable and all(offer and offer != staged_at for offer in offers)
-            and all(transport.output_of(peer, epoch) for peer in range(transport.size)))
+    return transport.may_push(epoch, offers) and all(transport.output_of(peer, epoch) for peer in range(transport.size))
 
 
 def _push(transport, epoch: int, source, destination_bytes: int, pushes: Sequence[Read], copy_bytes: int) -> None:

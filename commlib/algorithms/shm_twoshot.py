@@ -170,8 +170,7 @@ def allreduce_shm_twoshot(transport, buf, op: ReduceOp, *, segment_bytes: int = 
                 copy_in_pieces(mine, piece, lo, hi, copy_elems)
         transport.arrive(epoch, offset, piece.nbytes, kind, total_bytes)
         offsets = transport.offers(epoch, piece.nbytes, kind, total_bytes)
-        if in_place is not None and transport.peers_writable and transport.staging_offset(epoch) not in offsets:
-            # Every rank's buffer is symmetric: push (every rank decides alike, from the offers).
+        if transport.may_push(epoch, offsets):  # every rank's buffer symmetric: push
             _reduce_and_push(transport.writable_arrays(offsets, piece.size, dtype), order,
                              pushed if slice_hook is None else mine_chunks, combine, op, size, copy_elems,
                              slice_hook, slices[rank])

@@ -478,6 +478,14 @@ class SharedMemoryTransport(Transport):
         """Where every rank's staging half for ``epoch`` starts in its segment."""
         return self._areas[2 + (epoch & 1)][0]
 
+    def may_push(self, epoch: int, offsets: Sequence[int]) -> bool:
+        """Whether a round may write into the peers' buffers: every rank offered its data in place
+        (a symmetric buffer: neither staged nor absent, ``offsets`` from :meth:`offers`) and this
+        rank can write the peers' heaps. Every rank decides alike: the offers are the same
+        everywhere, and so are the heaps' mappings (made collectively, all or none)."""
+        staged = self.staging_offset(epoch)
+        return self.peers_writable and all(offset and offset != staged for offset in offsets)
+
     def _view(self, peer: int, offset: int, count: int, dtype, writable: bool = False) -> np.ndarray:
         key = (peer, offset, count, dtype, writable)
         array = self._views.get(key)
