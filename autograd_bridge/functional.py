@@ -42,7 +42,7 @@ import torch.distributed as dist
 import commlib
 from commlib import InvalidUsageError, ReduceOp
 
-from .tensors import to_array
+from autograd_bridge.tensors import to_array
 
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
 
@@ -52,7 +52,7 @@ _LINEAR_OPS = (ReduceOp.SUM, ReduceOp.AVG)
 def _group(group) -> "commlib.ProcessGroup":
     if isinstance(group, commlib.ProcessGroup):
         return group
-    from .backend import CommlibProcessGroup
+    from autograd_bridge.backend.process_group import CommlibProcessGroup
 
     if isinstance(group, CommlibProcessGroup):
         return group.commlib_group
@@ -89,7 +89,7 @@ def _on_stream_of(x: torch.Tensor):
     """CUDA: run the collective ordered after torch's current stream (see cuda_streams.py); CPU: nothing."""
     if not x.is_cuda:
         return contextlib.nullcontext()
-    from .cuda_streams import on_torch_stream
+    from autograd_bridge.cuda_streams import on_torch_stream
 
     return on_torch_stream(x.device)
 

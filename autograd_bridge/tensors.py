@@ -3,7 +3,8 @@
 The only module in the project that converts between the two worlds. CPU tensors share memory
 with numpy through ``Tensor.numpy()``; CUDA tensors with cupy through DLPack. bfloat16 has no
 numpy dtype of its own: it is viewed as ``ml_dtypes.bfloat16`` (same bits) when that package is
-installed.
+installed (a dependency of the ``torch`` extra); code that only moves bytes views it as int16
+and needs no package.
 """
 
 from __future__ import annotations
@@ -11,15 +12,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["to_array", "from_array", "is_cuda", "symmetric_zeros"]
+__all__ = ["to_array", "from_array", "is_cuda", "symmetric_zeros", "bfloat16_numpy_dtype"]
 
 
-def _bfloat16_dtype():
+def bfloat16_numpy_dtype():
+    """numpy's bfloat16 (``ml_dtypes.bfloat16``), or None where ml_dtypes is not installed."""
     try:
         import ml_dtypes
     except ImportError:
-        raise TypeError("bfloat16 tensors need the ml_dtypes package (pip install ml_dtypes)") from None
+        return None
     return np.dtype(ml_dtypes.bfloat16)
+
+
+def _bfloat16_dtype():
+    dtype = bfloat16_numpy_dtype()
+    if dtype is None:
+        raise TypeError("bfloat16 arrays need the ml_dtypes package (pip install ml_dtypes, or the "
+                        "commlib-ddp[torch] extra)")
+    return dtype
 
 
 def is_cuda(tensor: torch.Tensor) -> bool:

@@ -11,27 +11,32 @@ Quick tour::
     work = pg.allreduce(array, commlib.ReduceOp.AVG, algorithm="ring", async_op=True)
     work.wait()
 
-Only numpy and mpi4py are needed to import it; torch and cupy are optional.
+Only numpy and mpi4py are needed to import it; torch and cupy are optional. Under mpiexec the
+ranks are MPI's; under torchrun (or anything that sets ``RANK`` and ``WORLD_SIZE`` without MPI)
+they meet through a store and talk over sockets (see :func:`commlib.init`).
 """
 
-from .algorithms import algorithm_names as _algorithm_names
-from .algorithms import register_algorithm
-from .config import Config, load_config
-from .errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError,
-                     InvalidUsageError, PeerExitedError)
-from .group import ProcessGroup
-from .ops import ReduceOp
-from .p2p import ANY_SOURCE
-from .runtime import empty, init, is_initialized, shutdown, world
-from .topology import Topology
-from .transports.interface import Pending, Transport
-from .transports.view import RankView
-from .work import Work, WorkHandle
+# First, before anything imports mpi4py.MPI: importing it decides whether that initialises MPI.
+import commlib.platform.launcher  # noqa: F401  # isort: skip
+
+from commlib.algorithms.registry import algorithm_names as _algorithm_names
+from commlib.algorithms.registry import register_algorithm
+from commlib.config import Config, load_config
+from commlib.errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, InvalidUsageError,
+                            PeerExitedError)
+from commlib.execution.work import Work, WorkHandle
+from commlib.group.p2p import ANY_SOURCE
+from commlib.group.process_group import ProcessGroup
+from commlib.ops import ReduceOp
+from commlib.runtime import empty, group_over_store, init, is_initialized, shutdown, world
+from commlib.topology import Topology
+from commlib.transports.interface import Pending, Transport
+from commlib.transports.view import RankView
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "world", "is_initialized", "shutdown", "empty", "algorithms", "register_algorithm",
+    "init", "world", "is_initialized", "shutdown", "empty", "group_over_store", "algorithms", "register_algorithm",
     "ANY_SOURCE", "ProcessGroup", "ReduceOp", "Work", "WorkHandle", "Transport", "Pending", "Topology", "RankView",
     "Config", "load_config",
     "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",

@@ -15,7 +15,7 @@ variable                    meaning                                             
 ``COMMLIB_GPU_TRANSPORT``   GPU transport: ``nccl``, or ``host_staged`` (ranks may      ``nccl``
                             share a GPU; bytes go through host memory and MPI)
 ``COMMLIB_CRASH_WITNESS``   ``0``: no per-host witness process naming a rank killed    ``1``
-                            by a signal (see :mod:`commlib.crash_witness`)
+                            by a signal (see :mod:`commlib.reliability.crash_witness`)
 ``COMMLIB_SHM``             ``0``: no shared memory between the ranks of a host (no     ``1``
                             symmetric buffers, no ``shm_*`` algorithms: MPI only)
 ``COMMLIB_SHM_HEAP_BYTES``  address space per rank for symmetric buffers (sparse:     ``8 GiB``
@@ -30,6 +30,28 @@ variable                    meaning                                             
 ``COMMLIB_COST_MODEL``      a cost model JSON (``python -m commlib.costmodel fit``):    (unset)
                             ``"auto"`` picks its cheapest prediction for groups that
                             span hosts
+``COMMLIB_JOB_SECRET``      this job's secret (16 characters or more), the same on      (unset)
+                            every rank: connections to the store and between ranks
+                            prove it (see :mod:`commlib.rendezvous.secret`)
+``COMMLIB_JOB_SECRET_FILE`` a file (mode 0600, owned by this user) holding the secret  (unset)
+``COMMLIB_STORE``           where ranks launched without MPI meet: ``tcp://HOST:PORT``   ``env://``
+                            (rank 0 serves it), ``file:///path``, ``env://``
+                            (``MASTER_ADDR``/``MASTER_PORT``)
+``COMMLIB_HANDSHAKE_TIMEOUT`` seconds a connection may take to authenticate           ``10``
+``COMMLIB_STORE_MAX_VALUE_BYTES`` largest value the TCP store accepts (its frames are  ``64 MiB``
+                            bounded by it)
+``COMMLIB_SOCKET_IFNAME``   the interface (name, or one of its addresses) the socket    (unset)
+                            transport listens on; default: the one that reaches the
+                            store, loopback when every rank shares the host
+``COMMLIB_SOCKET_FRAME_CHECKS`` ``0``: frames carry only their length (no job, group,   ``1``
+                            sequence number, step checks); every rank must agree
+``COMMLIB_SOCKET_FRAME_BYTES`` largest payload of one frame (a message is sent in      ``4 MiB``
+                            frames of at most this)
+``COMMLIB_SOCKET_TLS``      ``1``: the socket transport's links run TLS (needs the      ``0``
+                            certificate and key below)
+``COMMLIB_SOCKET_TLS_CERT`` PEM certificate of this rank (may be one for every rank)   (unset)
+``COMMLIB_SOCKET_TLS_KEY``  its PEM private key                                       (unset)
+``COMMLIB_SOCKET_TLS_CA``   PEM certificates peers must be signed by                   the cert
 ==========================  ========================================================  =========
 
 Tests change behaviour through arguments (``commlib.init(debug=True)``, ``segment_bytes=``),
@@ -106,6 +128,20 @@ class Config:
     cost_model: Optional[str] = None
     # ((collective, algorithm), ...) from COMMLIB_ALGO_<COLLECTIVE>, sorted; a tuple keeps it frozen.
     collective_algorithms: Tuple[Tuple[str, str], ...] = ()
+    # -- jobs without MPI: the job secret, the store and the socket transport ------------------
+    # The secret never shows in a repr (configs get printed in error reports).
+    job_secret: Optional[str] = dataclasses.field(default=None, repr=False)
+    job_secret_file: Optional[str] = None
+    store: Optional[str] = None
+    handshake_timeout: float = 10.0
+    store_max_value_bytes: int = 64 << 20
+    socket_interface: Optional[str] = None
+    socket_frame_checks: bool = True
+    socket_frame_bytes: int = 4 << 20
+    socket_tls: bool = False
+    socket_tls_cert: Optional[str] = None
+    socket_tls_key: Optional[str] = None
+    socket_tls_ca: Optional[str] = None
 
     def algorithm_override_for(self, collective: str) -> Optional[str]:
         """The algorithm ``"auto"`` means for ``collective`` by configuration, or None."""
@@ -148,7 +184,42 @@ class Config:
             values["collective_algorithms"] = overrides
         if environ.get("COMMLIB_COST_MODEL", "").strip():
             values["cost_model"] = environ["COMMLIB_COST_MODEL"].strip()
+        values.update(_sockets_from_env(environ))
         return cls(**values)
+
+
+def _sockets_from_env(environ: Mapping[str, str]) -> Dict[str, Any]:
+    """The fields of jobs without MPI (job secret, store, socket transport) from ``environ``."""
+    values: Dict[str, Any] = {}
+    if environ.get("COMMLIB_JOB_SECRET"):
+        values["job_secret"] = environ["COMMLIB_JOB_SECRET"]
+    for name, field in (("COMMLIB_JOB_SECRET_FILE", "job_secret_file"), ("COMMLIB_SOCKET_IFNAME", "socket_interface"),
+                        ("COMMLIB_SOCKET_TLS_CERT", "socket_tls_cert"), ("COMMLIB_SOCKET_TLS_KEY", "socket_tls_key"),
+                        ("COMMLIB_SOCKET_TLS_CA", "socket_tls_ca")):
+        if environ.get(name, "").strip():
+            values[field] = environ[name].strip()
+    if environ.get("COMMLIB_STORE", "").strip():
+        values["store"] = environ["COMMLIB_STORE"].strip()
+    if "COMMLIB_HANDSHAKE_TIMEOUT" in environ:
+        values["handshake_timeout"] = _parse_positive_float("COMMLIB_HANDSHAKE_TIMEOUT",
+                                                            environ["COMMLIB_HANDSHAKE_TIMEOUT"])
+    if "COMMLIB_STORE_MAX_VALUE_BYTES" in environ:
+        values["store_max_value_bytes"] = _parse_int("COMMLIB_STORE_MAX_VALUE_BYTES",
+                                                     environ["COMMLIB_STORE_MAX_VALUE_BYTES"], 1)
+    if "COMMLIB_SOCKET_FRAME_CHECKS" in environ:
+        values["socket_frame_checks"] = _parse_bool("COMMLIB_SOCKET_FRAME_CHECKS",
+                                                    environ["COMMLIB_SOCKET_FRAME_CHECKS"])
+    if "COMMLIB_SOCKET_FRAME_BYTES" in environ:
+        frame_bytes = _parse_int("COMMLIB_SOCKET_FRAME_BYTES", environ["COMMLIB_SOCKET_FRAME_BYTES"], 4096)
+        if frame_bytes >= 1 << 32:  # a frame's length is 32 bits on the wire
+            raise ValueError(f"a frame of {frame_bytes} bytes (COMMLIB_SOCKET_FRAME_BYTES): expected less than 4 GiB")
+        values["socket_frame_bytes"] = frame_bytes
+    if "COMMLIB_SOCKET_TLS" in environ:
+        values["socket_tls"] = _parse_bool("COMMLIB_SOCKET_TLS", environ["COMMLIB_SOCKET_TLS"])
+    if values.get("socket_tls") and not (values.get("socket_tls_cert") and values.get("socket_tls_key")):
+        raise ValueError("COMMLIB_SOCKET_TLS=1 needs COMMLIB_SOCKET_TLS_CERT and COMMLIB_SOCKET_TLS_KEY "
+                         "(PEM files; one self-signed pair may serve every rank)")
+    return values
 
 
 def load_config() -> Config:

@@ -11,7 +11,7 @@ import enum
 
 import numpy as np
 
-from .errors import InvalidUsageError
+from commlib.errors import InvalidUsageError
 
 __all__ = ["ReduceOp", "SUPPORTED_DTYPE_NAMES", "DTYPE_IS_FLOAT", "check_op", "is_float_dtype",
            "reduce_into", "reduce_ordered", "ufunc_name"]

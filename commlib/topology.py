@@ -27,7 +27,7 @@ class Topology:
 
     ``host_names[h]`` names host ``h``; ``host_ranks[h]`` lists its ranks in rank order.
     ``witness_endpoints[h]`` (may be empty) is where host ``h``'s crash witness answers "where is
-    rank r?" over TCP: ``"ADDR,ADDR...:PORT"`` (see :mod:`commlib.remote_progress`).
+    rank r?" over TCP: ``"ADDR,ADDR...:PORT"`` (see :mod:`commlib.reliability.remote_progress`).
     """
 
     rank: int
@@ -151,29 +151,24 @@ class Topology:
         return f"{self.host_count} host{'s' if self.host_count != 1 else ''}: {hosts}"
 
 
-def discover_topology(comm, witness_endpoint: str = "") -> Topology:
-    """Collective over ``comm``: which of its ranks share a host, and the hosts' names.
+def discover_topology(rendezvous, witness_endpoint: str = "") -> Topology:
+    """Collective over ``rendezvous`` (a :class:`commlib.rendezvous.interface.Rendezvous`): which
+    of its ranks share a host, and the hosts' names.
 
-    One ``MPI_Comm_split_type(COMM_TYPE_SHARED)`` tells this rank who shares its memory; the
-    lowest of those ranks identifies the host (two hosts could report the same name, a split
-    never merges them). One allgather of ``(host id, host name, witness endpoint)`` tells
-    every rank the whole picture.
+    The host-local rendezvous (MPI: ``MPI_Comm_split_type(COMM_TYPE_SHARED)``) tells this rank who
+    shares its memory; the lowest of those ranks identifies the host (two hosts could report the
+    same name, a split never merges them). One allgather of ``(host id, host name, witness
+    endpoint)`` tells every rank the whole picture.
     """
-    from mpi4py import MPI
-
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank, size = rendezvous.rank, rendezvous.size
     if size == 1:
-        return Topology(0, (MPI.Get_processor_name(),), ((0,),), (witness_endpoint,))
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    node_group, group = node.Get_group(), comm.Get_group()
+        return Topology(0, (rendezvous.host_name(),), ((0,),), (witness_endpoint,))
+    host = rendezvous.host_local()
     try:
-        # Local: node rank 0 is the lowest rank of comm on this host (ordered by the key).
-        host_id = MPI.Group.Translate_ranks(node_group, [0], group)[0]
-    finally:  # every MPI object we make is freed (see commlib/teardown.py)
-        node_group.Free()
-        group.Free()
-        node.Free()
-    everyone = comm.allgather((host_id, MPI.Get_processor_name(), witness_endpoint))
+        host_id = min(host.allgather(rank))
+    finally:
+        host.close()
+    everyone = rendezvous.allgather((host_id, rendezvous.host_name(), witness_endpoint))
     ids = sorted({entry[0] for entry in everyone})
     host_ranks = tuple(tuple(r for r in range(size) if everyone[r][0] == host) for host in ids)
     names = tuple(everyone[host][1] for host in ids)

@@ -6,11 +6,15 @@ data parallelism on top of it.
 
 Submodules: :mod:`ddp.hooks` (comm hooks: PowerSGD, post-local SGD, fp16...),
 :mod:`ddp.averaging` (model averagers for local SGD), :mod:`ddp.optim`
-(``PostLocalSGDOptimizer``), :mod:`ddp.join` (``Join`` for uneven inputs).
+(``PostLocalSGDOptimizer``), :mod:`ddp.join` (``Join`` for uneven inputs), :mod:`ddp.low_communication`
+(``DiLoCo``, Streaming DiLoCo, ``DESLOC``).
 """
 
-from . import averaging, hooks, optim
-from .distributed import DistributedDataParallel
-from .join import Join, Joinable, JoinHook
+from ddp import averaging, hooks, optim
+from ddp.distributed import DistributedDataParallel
+from ddp.fault_tolerant import FaultTolerantDDP
+from ddp.join import Join, Joinable, JoinHook
+from ddp.low_communication import DESLOC, DiLoCo
 
-__all__ = ["DistributedDataParallel", "Join", "Joinable", "JoinHook", "hooks", "averaging", "optim"]
+__all__ = ["DistributedDataParallel", "FaultTolerantDDP", "Join", "Joinable", "JoinHook", "hooks", "averaging", "optim",
+           "DiLoCo", "DESLOC"]

@@ -10,12 +10,11 @@ import torch
 
 import commlib
 
-from .bucketing import MiB
-from .hooks import CommHook
-from .ddp_join import DDPJoinHook
-from .join import Join, Joinable
-from .reducer import Reducer
-from .verify import broadcast_tensors, verify_same_parameters
+from ddp.bucketing import MiB
+from ddp.hooks import CommHook
+from ddp.join import Join, Joinable, JoinHook
+from ddp.reducer import Reducer
+from ddp.verify import broadcast_tensors, verify_same_parameters
 
 __all__ = ["DistributedDataParallel"]
 
@@ -164,3 +163,31 @@ class DistributedDataParallel(torch.nn.Module, Joinable):
     def bucket_plan(self):
         """Parameter indices (order of ``parameters()`` that require grad) of each bucket."""
         return [bucket.params for bucket in self.reducer.buckets]
+
+
+class DDPJoinHook(JoinHook):
+    """What a joined rank does for our DDP (see :mod:`ddp.join`): the collectives of one forward and
+    one backward of the others, with nothing of its own to contribute, and the final model at the
+    end. Here, beside the model, because it reads the model's join state."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def main_hook(self) -> None:
+        model = self.model
+        join = model._join_config.context
+        # Forward: the buffer broadcast every active rank issues (from the lowest active rank).
+        if model.broadcast_buffers and model._buffers_to_sync:
+            broadcast_tensors(model.process_group, model._buffers_to_sync, root=join.source_rank())
+        # Backward: every bucket with zero gradients (the sum over the active ranks is theirs
+        # alone), unless the active ranks run no_sync() this iteration.
+        if join.any_active_syncs():
+            model.reducer.shadow_backward()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        model = self.model
+        model.reducer.set_divisor(None)
+        # Joined ranks stopped stepping: everyone takes the model of one of the last to join.
+        source = Join.last_joiner_rank(model.process_group, is_last_joiner)
+        broadcast_tensors(model.process_group, [p.data for p in model.module.parameters()]
+                          + list(model.module.buffers()), root=source)

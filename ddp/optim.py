@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from .hooks.post_localsgd import check_warmup_agrees
+from ddp.hooks.post_localsgd import check_warmup_agrees
 
 __all__ = ["PostLocalSGDOptimizer"]
 

@@ -29,10 +29,10 @@ from autograd_bridge import autograd_hooks
 from autograd_bridge.tensors import from_array, symmetric_zeros, to_array
 from commlib import ReduceOp, Work
 
-from .bucketing import BucketPlan, ParamSpec, plan_buckets
-from .hooks import CommHook, GradBucket, HookResult, allreduce_hook
-from .stats import ByteCounter, StepStats
-from .streams import on_torch_stream
+from autograd_bridge.cuda_streams import on_torch_stream
+from ddp.bucketing import BucketPlan, ParamSpec, plan_buckets
+from ddp.hooks import CommHook, GradBucket, HookResult, allreduce_hook
+from ddp.stats import ByteCounter, StepStats
 
 __all__ = ["Reducer", "param_specs"]
 

@@ -25,6 +25,7 @@ import bisect
 import contextlib
 import json
 import os
+import pickle
 import threading
 import time
 from typing import Dict, List, Optional
@@ -37,14 +38,17 @@ __all__ = ["Tracer", "NullTracer", "LANES"]
 LANES = ("steps", "compute", "comm")
 PING_ROUNDS = 8
 ALIGN_TIMEOUT_S = 60.0
+# Point-to-point tags of the tracer's own messages (high in the user range, away from small ones).
+TRACE_TAGS = {"ping": 29_101, "pong": 29_102, "origin": 29_103, "length": 29_104, "events": 29_105}
 
 
 class Tracer:
     """Collects events on this rank; ``write`` merges all ranks into one trace (collective).
 
-    Construction is collective over ``process_group`` (it duplicates the group's communicator):
-    create it on every rank while none of the group's asynchronous collectives is in flight,
-    e.g. before wrapping the model in DDP.
+    Construction and :meth:`write` are collective over ``process_group``: they talk through the
+    group's point-to-point channel (which never mixes with its collectives, and takes no place in
+    their order), on tags of their own (``TRACE_TAGS``; a program's own point-to-point messages
+    must not use them while a tracer is created or written).
     """
 
     def __init__(self, process_group=None, *, rounds: int = PING_ROUNDS):
@@ -52,17 +56,16 @@ class Tracer:
             import commlib
 
             process_group = commlib.world()
-        # Our own communicator: the ping-pong and the final gather never mix with collectives.
-        self.comm = process_group.comm.Dup()
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
+        self.group = process_group
+        self.rank = process_group.rank
+        self.size = process_group.size
         self._lock = threading.Lock()
         self._events: List[tuple] = []
         self._step_starts: List[float] = []
         self._steps: List[int] = []
         self.offset, self.rtt = self._align_clock(max(1, int(rounds)))
         # Rank 0's "now" after alignment is time zero of the trace.
-        self.origin = self.comm.bcast(time.perf_counter() if self.rank == 0 else None, root=0)
+        self.origin = self._from_rank_0(time.perf_counter())
 
     # -- recording (any thread) ---------------------------------------------------------------
     def set_step(self, step: int, ts: Optional[float] = None) -> None:
@@ -114,8 +117,8 @@ class Tracer:
 
     def write(self, path) -> Optional[dict]:
         """Gather every rank's events to rank 0 and write ``path`` there; returns the trace on rank 0."""
-        gathered = self.comm.gather((self.local_events(), self.offset, self.rtt), root=0)
-        if self.rank != 0:
+        gathered = self._gather_to_rank_0((self.local_events(), self.offset, self.rtt))
+        if gathered is None:
             return None
         trace_events = []
         for rank in range(self.size):
@@ -141,9 +144,7 @@ class Tracer:
         return trace
 
     def close(self) -> None:
-        comm, self.comm = self.comm, None
-        if comm is not None:
-            comm.Free()
+        """Nothing to release (kept so callers may close a tracer as they close a file)."""
 
     # -- internals ----------------------------------------------------------------------------
     @staticmethod
@@ -162,11 +163,8 @@ class Tracer:
 
     def _align_clock(self, rounds: int):
         """(offset to add to local times to get rank 0's, best round trip) by ping-pong with rank 0."""
-        from mpi4py import MPI
-
-        comm = self.comm
-        deadline = time.monotonic() + ALIGN_TIMEOUT_S
-        _wait(comm.Ibarrier(), deadline, "barrier before clock alignment")
+        group = self.group
+        group.monitored_barrier(ALIGN_TIMEOUT_S)  # start together: nobody's first ping waits on a late peer
         if self.size == 1:
             return 0.0, 0.0
         stamp = np.zeros(1, dtype=np.float64)
@@ -174,23 +172,49 @@ class Tracer:
             # Peers one after the other, so no reply waits behind another peer's ping.
             for peer in range(1, self.size):
                 for _ in range(rounds):
-                    _wait(comm.Irecv([stamp, MPI.DOUBLE], source=peer, tag=1), deadline, f"ping from rank {peer}")
+                    group.recv(stamp, peer, TRACE_TAGS["ping"], timeout=ALIGN_TIMEOUT_S)
                     stamp[0] = time.perf_counter()
-                    _wait(comm.Isend([stamp, MPI.DOUBLE], dest=peer, tag=2), deadline, f"pong to rank {peer}")
+                    group.send(stamp, peer, TRACE_TAGS["pong"], timeout=ALIGN_TIMEOUT_S)
             return 0.0, 0.0
         best_rtt, best_offset = float("inf"), 0.0
         reply = np.zeros(1, dtype=np.float64)
         for _ in range(rounds):
             sent = time.perf_counter()
-            receive = comm.Irecv([reply, MPI.DOUBLE], source=0, tag=2)
-            _wait(comm.Isend([stamp, MPI.DOUBLE], dest=0, tag=1), deadline, "ping to rank 0")
-            _wait(receive, deadline, "pong from rank 0")
+            receive = group.irecv(reply, 0, TRACE_TAGS["pong"], timeout=ALIGN_TIMEOUT_S)
+            group.send(stamp, 0, TRACE_TAGS["ping"], timeout=ALIGN_TIMEOUT_S)
+            receive.wait()
             received = time.perf_counter()
             if received - sent < best_rtt:
                 best_rtt = received - sent
                 best_offset = float(reply[0]) - (sent + received) / 2
         return best_offset, best_rtt
 
+    def _from_rank_0(self, value: float) -> float:
+        """Rank 0's ``value`` on every rank."""
+        box = np.array([value], dtype=np.float64)
+        if self.rank == 0:
+            for peer in range(1, self.size):
+                self.group.send(box, peer, TRACE_TAGS["origin"], timeout=ALIGN_TIMEOUT_S)
+        else:
+            self.group.recv(box, 0, TRACE_TAGS["origin"], timeout=ALIGN_TIMEOUT_S)
+        return float(box[0])
+
+    def _gather_to_rank_0(self, record) -> Optional[list]:
+        """Every rank's ``record`` (pickled) on rank 0, in rank order; None elsewhere."""
+        group = self.group
+        if self.rank != 0:
+            payload = np.frombuffer(pickle.dumps(record), dtype=np.uint8)
+            group.send(np.array([payload.size], np.int64), 0, TRACE_TAGS["length"], timeout=ALIGN_TIMEOUT_S)
+            group.send(payload, 0, TRACE_TAGS["events"], timeout=ALIGN_TIMEOUT_S)
+            return None
+        gathered = [record]
+        for peer in range(1, self.size):
+            length = np.zeros(1, np.int64)
+            group.recv(length, peer, TRACE_TAGS["length"], timeout=ALIGN_TIMEOUT_S)
+            payload = np.empty(int(length[0]), np.uint8)
+            group.recv(payload, peer, TRACE_TAGS["events"], timeout=ALIGN_TIMEOUT_S)
+            gathered.append(pickle.loads(payload.tobytes()))
+        return gathered
 
 class NullTracer:
     """The tracer's interface, recording nothing (tracing off)."""
@@ -233,11 +257,3 @@ def _metadata(rank: int) -> List[Dict]:
                         "args": {"sort_index": _tid(lane)}})
     return records
 
-
-def _wait(request, deadline: float, what: str) -> None:
-    # Polling (not MPI_Wait): MPICH busy-waits in blocking calls and would starve the peer we wait for.
-    from commlib.errors import CommTimeoutError
-    from commlib.transports.polling import wait_all
-
-    if not wait_all([request], deadline):
-        raise CommTimeoutError(f"ddp.tracing: timed out after {ALIGN_TIMEOUT_S:g} s waiting for {what}")

@@ -1,13 +1,12 @@
-# mpiexec -n 2 python mpi_examples/train_digits.py [--sync ddp|powersgd|localsgd|partial] [--epochs 10] [--trace t.json]
+# mpiexec -n 2 python mpi_examples/train_digits.py [--sync ddp|powersgd|localsgd|partial|diloco|...] [--epochs 10]
 """Train a small CNN on scikit-learn's 8x8 handwritten digits with our DDP, data sharded by rank.
 
-Prints accuracy, time and bytes sent per step, allreduce time hidden behind backward. ``--sync``: plain DDP, PowerSGD
-(``--rank`` 4: torch's PowerSGDState rule, ranks 1, 2, 4, ... until accurate), local SGD (average every ``--period``
-steps) or partial sync (1/period of the model each step), after ``--start`` steps of DDP (default one epoch).
-``--trace``: every rank's timeline (``python -m ddp.timeline``); ``--checkpoint``/``--resume``: resumes bit for bit.
+Prints accuracy, time, bytes per step. ``--sync``: DDP, PowerSGD, local SGD, partial sync, DiLoCo, streaming DiLoCo
+or DES-LOC (H = ``--period``) after ``--start`` steps of DDP (one epoch); ``--trace``; ``--checkpoint/--resume``: exact.
 """
 
 import argparse
+import contextlib
 import hashlib
 import os
 import sys
@@ -23,6 +22,7 @@ import commlib
 from ddp import DistributedDataParallel as DDP
 from ddp.averaging import PartialModelAverager, PeriodicModelAverager, average_parameters
 from ddp.hooks import PostLocalSGDState, PowerSGDState, post_localSGD_hook, powerSGD_hook
+from ddp.low_communication import METHODS, low_communication
 from ddp.optim import PostLocalSGDOptimizer
 from ddp.sampler import DistributedSampler
 from ddp.tracing import NullTracer, Tracer
@@ -30,11 +30,10 @@ from ddp.tracing import NullTracer, Tracer
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag, default in (("--epochs", 10), ("--batch-size", 32), ("--seed", 0), ("--period", 8)):
-        p.add_argument(flag, type=int, default=default)  # batch size: per rank
-    p.add_argument("--rank", type=int, default=4, help="PowerSGD; 4 by torch's rule: 1, 2, 4.. until accurate (README)")
-    p.add_argument("--sync", default="ddp", choices=["ddp", "powersgd", "localsgd", "partial"])
-    p.add_argument("--start", type=int, help="steps of plain DDP before --sync takes over (default: one epoch)")
+    for flag, default in (("--epochs", 10), ("--batch-size", 32), ("--seed", 0), ("--period", 8), ("--rank", 4),
+                          ("--start", None)):  # per rank; PowerSGD's rank (README); steps of DDP (default one epoch)
+        p.add_argument(flag, type=int, default=default)
+    p.add_argument("--sync", default="ddp", choices=["ddp", "powersgd", "localsgd", "partial", *METHODS])
     p.add_argument("--algorithm", default="auto", help=f"allreduce: auto or one of {commlib.algorithms()}")
     p.add_argument("--bucket-cap-mb", type=float, default=0.05, help="small: this small model gets 3 buckets")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of all ranks to this file")
@@ -63,14 +62,16 @@ def accuracy(net, images, labels, pg):
     return float(counts[0] / counts[1])
 
 
-def efficient_sync(args, model, optimizer, start):
-    """The --sync method: a comm hook, and for local SGD an averager run after each optimizer step."""
+def efficient_sync(args, model, optimizer, start):  # the --sync method: a comm hook, an averager, DiLoCo or DES-LOC
     if args.sync == "ddp":
         return None, optimizer, None
     if args.sync == "powersgd":
         hook = PowerSGDState(None, matrix_approximation_rank=args.rank, start_powerSGD_iter=start)
         model.register_comm_hook(hook, powerSGD_hook)
         return hook, optimizer, None
+    if args.sync in METHODS:  # the papers' settings around AdamW (DiLoCo's inner optimizer, an Adam for DES-LOC);
+        inner = torch.optim.AdamW(model.parameters(), lr=1e-3)  # they give DDP the post-local SGD hook themselves
+        return (method := low_communication(args.sync, model, inner, args.period, warmup_steps=start)), inner, method
     hook = PostLocalSGDState(None, None, start_localSGD_iter=start, post_local_gradient_allreduce=False)
     model.register_comm_hook(hook, post_localSGD_hook)
     averager = (PeriodicModelAverager if args.sync == "localsgd" else PartialModelAverager)(args.period, start)
@@ -89,45 +90,44 @@ def main(argv=None):
     model = DDP(net, bucket_cap_mb=args.bucket_cap_mb, first_bucket_cap_mb=args.bucket_cap_mb / 4,
                 algorithm=args.algorithm, tracer=tracer if args.trace else None)
     sampler = DistributedSampler(len(y_train), process_group=pg, shuffle=True, seed=args.seed)
-    steps_per_epoch = -(-sampler.num_samples // args.batch_size)
-    hook, optimizer, averager = efficient_sync(args, model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                               steps_per_epoch if args.start is None else args.start)
+    sgd, warmup = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), -(-sampler.num_samples // args.batch_size)
+    hook, optimizer, averager = efficient_sync(args, model, sgd, warmup if args.start is None else args.start)
     path = args.checkpoint if pg.rank == 0 else f"{args.checkpoint}.rank{pg.rank}"  # local steps: ranks differ
     state = torch.load(path, weights_only=False) if args.resume else {"epoch": 0, "step": 0, "sent": 0}
     if args.resume:  # the sampler's order depends only on (seed, epoch): nothing else to restore
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         hook.load_state_dict(state["hook"]) if hook else None
-    step, sent = state["step"], state["sent"]  # sent: bytes this rank handed to collectives while training
-    per_step = []  # (seconds, of them in allreduce, of those hidden behind backward)
-    for epoch in range(state["epoch"], args.epochs):
-        sampler.set_epoch(epoch)
-        batches = torch.from_numpy(sampler.indices()).split(args.batch_size)
-        bar = tqdm(batches, desc=f"epoch {epoch + 1}/{args.epochs}", unit="step", mininterval=0.5,
-                   disable=pg.rank != 0 or args.no_progress, file=sys.stdout)
-        start, seen, loss_sum = time.perf_counter(), 0, torch.zeros(())
-        for batch in bar:
-            tracer.set_step(step, step_start := time.perf_counter())
-            with tracer.region("forward"):
-                optimizer.zero_grad()
-                loss = nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
-            with tracer.region("backward"):
-                loss.backward()
-            with tracer.region("optimizer"):
-                optimizer.step()
-            sent += (stats := model.last_step_stats())["bytes_sent"]
-            per_step.append((time.perf_counter() - step_start, stats["comm_s"], stats["overlapped_comm_s"]))
-            loss_sum, step, seen = loss_sum + loss.detach(), step + 1, seen + len(batch) * pg.size
-            bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{seen / (time.perf_counter() - start):.0f}")
-        figures = np.array([loss_sum.item() / len(batches), accuracy(model.module, x_test, y_test, pg)])
-        pg.allreduce(figures, commlib.ReduceOp.AVG)  # the mean train loss over ranks; accuracy is global already
-        if pg.rank == 0:
-            print(f"epoch {epoch + 1}: train loss {figures[0]:.4f}  test accuracy {100 * figures[1]:.2f}%  "
-                  f"{seen / (time.perf_counter() - start):.0f} samples/s", flush=True)
-        if args.checkpoint:  # every rank its own (error feedback, local steps), atomically
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
-                        "step": step, "sent": sent, "hook": hook.state_dict() if hook else None}, path + ".tmp")
-            os.replace(path + ".tmp", path)
+    step, sent, per_step = state["step"], state["sent"], []  # bytes handed to collectives; (s, allreduce s, hidden s)
+    with averager if args.sync in METHODS else contextlib.nullcontext():  # DiLoCo, DES-LOC: around the loop
+        for epoch in range(state["epoch"], args.epochs):
+            sampler.set_epoch(epoch)
+            batches = torch.from_numpy(sampler.indices()).split(args.batch_size)
+            bar = tqdm(batches, desc=f"epoch {epoch + 1}/{args.epochs}", unit="step", mininterval=0.5,
+                       disable=pg.rank != 0 or args.no_progress, file=sys.stdout)
+            start, seen, loss_sum = time.perf_counter(), 0, torch.zeros(())
+            for batch in bar:
+                tracer.set_step(step, step_start := time.perf_counter())
+                with tracer.region("forward"):
+                    optimizer.zero_grad()
+                    loss = nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
+                with tracer.region("backward"):
+                    loss.backward()
+                with tracer.region("optimizer"):
+                    optimizer.step()
+                sent += (stats := model.last_step_stats())["bytes_sent"]
+                per_step.append((time.perf_counter() - step_start, stats["comm_s"], stats["overlapped_comm_s"]))
+                loss_sum, step, seen = loss_sum + loss.detach(), step + 1, seen + len(batch) * pg.size
+                bar.set_postfix(loss=f"{loss.item():.3f}", samples_s=f"{seen / (time.perf_counter() - start):.0f}")
+            figures = np.array([loss_sum.item() / len(batches), accuracy(model.module, x_test, y_test, pg)])
+            pg.allreduce(figures, commlib.ReduceOp.AVG)  # the mean train loss over ranks; accuracy is global already
+            if pg.rank == 0:
+                print(f"epoch {epoch + 1}: train loss {figures[0]:.4f}  test accuracy {100 * figures[1]:.2f}%  "
+                      f"{seen / (time.perf_counter() - start):.0f} samples/s", flush=True)
+            if args.checkpoint:  # every rank its own (error feedback, local steps), atomically
+                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
+                            "step": step, "sent": sent, "hook": hook.state_dict() if hook else None}, path + ".tmp")
+                os.replace(path + ".tmp", path)
     if averager is not None:  # local SGD ends on the average of the ranks' models
         averager.finish()  # a partial averager's averaging in flight
         average_parameters(model.module.parameters(), pg)
@@ -136,7 +136,7 @@ def main(argv=None):
     comm = per_step[1:, 1:].mean(0) if len(per_step) > 1 else np.zeros(2)  # step 1 pays for warm-up
     pg.allreduce(comm, commlib.ReduceOp.AVG)  # (allreduce seconds per step, of them hidden behind backward)
     digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.module.state_dict().values())).hexdigest()
-    if pg.rank == 0:  # one print: the example is at its line budget (tests/test_examples.py)
+    if pg.rank == 0:  # one print: the example is at its line budget (tests/unit/test_examples.py)
         print(f"\n{pg.size} ranks, {len(per_step)} steps: test accuracy {100 * final_accuracy:.2f}% "
               f"({final_accuracy!r}) with --sync {args.sync}, {sent / 1e3:.1f} kB sent per step\ntime per step "
               f"{1e3 * np.median(per_step[:, 0]) if len(per_step) else 0:.2f} ms (median; {per_step[:, 0].sum():.2f} "

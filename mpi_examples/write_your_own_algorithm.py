@@ -18,8 +18,8 @@ import sys
 import numpy as np
 
 import commlib
-from commlib import bench
-from commlib.algorithms.partition import split_bounds
+from commlib.algorithms.common.partition import split_bounds
+from commlib.bench import harness as bench
 
 
 def allreduce_direct(transport, buf, op, *, segment_bytes):

@@ -1,6 +1,6 @@
 """python scripts/fault_lines.py [--runs 50] [--nprocs 3] [--modes exception,exit,...]
 
-Runs every fault mode of tests/mpi/faults.py N times under mpiexec and counts the runs whose
+Runs every fault mode of tests/mpi/reliability_faults_ranks.py N times under mpiexec and counts the runs whose
 output carries the line that names the cause (which rank failed, how, in which collective).
 A measurement, not a test (it takes minutes): the reliability issue asks for 50 of 50 per mode.
 """
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from fault_causes import CAUSE_LINES as CAUSE  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from tests.support.fault_causes import CAUSE_LINES as CAUSE  # noqa: E402
 
 TIMEOUT = "2.0"
 
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(CAUSE))
     args = parser.parse_args()
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'mpi'}", OMP_NUM_THREADS="1",
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'tests' / 'support' / 'line_buffered'}:{ROOT}", OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
     print("| mode | runs | cause line present | non-zero exit | ranks that said why, median (min) | median s "
           "| example |")
@@ -38,7 +38,7 @@ def main() -> None:
         for _ in range(args.runs):
             started = time.monotonic()
             result = subprocess.run([mpiexec, "-n", str(args.nprocs), sys.executable,
-                                     str(ROOT / "tests" / "mpi" / "faults.py"), mode, TIMEOUT],
+                                     str(ROOT / "tests" / "mpi" / "reliability_faults_ranks.py"), mode, TIMEOUT],
                                     capture_output=True, text=True, env=env, timeout=120)
             times.append(time.monotonic() - started)
             output = result.stdout + result.stderr

@@ -24,13 +24,13 @@ TOTAL_SECONDS = 450  # gpu_check.sh allows 470: leave time for the summary
 
 # name, ranks, script, args, timeout (s), what it shows
 CHECKS = [
-    ("nccl_1rank", 1, "gpu_collectives_check.py", ["nccl"], 110,
+    ("nccl_1rank", 1, "gpu_collectives_ranks.py", ["nccl"], 110,
      "single-rank NCCL: every op x dtype x size vs torch, NCCL natives + self send/recv"),
-    ("staged_2", 2, "gpu_collectives_check.py", ["host_staged"], 100, "host-staged transport, 2 ranks on one GPU"),
-    ("staged_4", 4, "gpu_collectives_check.py", ["host_staged"], 130, "host-staged transport, 4 ranks on one GPU"),
-    ("ddp_cuda_2", 2, "gpu_ddp_check.py", ["host_staged"], 60, "DDP equivalence on CUDA tensors, 2 ranks"),
-    ("overlap", 1, "gpu_overlap_check.py", ["nccl"], 45, "comm stream overlaps compute; ordering; watchdog"),
-    ("duplicate_gpu", 2, "gpu_duplicate_check.py", [], 40, "two NCCL ranks on one GPU: our preflight error"),
+    ("staged_2", 2, "gpu_collectives_ranks.py", ["host_staged"], 100, "host-staged transport, 2 ranks on one GPU"),
+    ("staged_4", 4, "gpu_collectives_ranks.py", ["host_staged"], 130, "host-staged transport, 4 ranks on one GPU"),
+    ("ddp_cuda_2", 2, "gpu_ddp_ranks.py", ["host_staged"], 60, "DDP equivalence on CUDA tensors, 2 ranks"),
+    ("overlap", 1, "gpu_overlap_ranks.py", ["nccl"], 45, "comm stream overlaps compute; ordering; watchdog"),
+    ("duplicate_gpu", 2, "gpu_duplicate_ranks.py", [], 40, "two NCCL ranks on one GPU: our preflight error"),
 ]
 
 
@@ -109,7 +109,9 @@ def command_for(ranks, script, args, mpiexec):
 
 def run_check(command, timeout, log_path):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(SCRIPTS), env.get("PYTHONPATH", "")]))
+    # The rank scripts import tests.support; line_buffered makes every rank write whole lines.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "support" / "line_buffered"), str(ROOT),
+                                                      env.get("PYTHONPATH", "")]))
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
                 # We only hand host buffers to MPI: keep MPICH's own GPU support out of the way.
                 "MPIR_CVAR_ENABLE_GPU": "0",

@@ -1,13 +1,46 @@
-import sys
-from pathlib import Path
+import os
+import tempfile
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import mpich_leftovers  # found through the path set above
+from tests.support import check_log, mpich_leftovers
+from tests.support.mpirun import python_path
 
 _SEGMENTS_BEFORE = pytest.StashKey[set]()
+_OWN_CHECK_LOG = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    # Every process the session starts (run_mpi's ranks, and the tests' own subprocess.run of
+    # mpiexec, python -m ..., examples) writes one whole line per write: see
+    # tests/support/line_buffered/sitecustomize.py.
+    os.environ["PYTHONPATH"] = python_path(os.environ.get("PYTHONPATH", ""))
+    # The rank scripts' checks of this session (tests/support/check_log.py). A log named by the
+    # caller is kept (and appended to); otherwise the session makes its own and removes it.
+    # Worker processes of pytest-xdist inherit the controller's.
+    if not os.environ.get(check_log.ENV):
+        descriptor, path = tempfile.mkstemp(prefix="commlib-checks-", suffix=".jsonl")
+        os.close(descriptor)
+        os.environ[check_log.ENV] = path
+        config.stash[_OWN_CHECK_LOG] = path
+
+
+def pytest_unconfigure(config):
+    path = config.stash.get(_OWN_CHECK_LOG, None)
+    if path is not None:
+        os.environ.pop(check_log.ENV, None)
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller reports
+        return
+    jobs = check_log.read()
+    if jobs:
+        terminalreporter.write_line(
+            f"rank-script checks: {sum(job.checks for job in jobs)} (Checker.checks over all ranks) "
+            f"in {len(jobs)} jobs")
 
 
 def pytest_sessionstart(session):
@@ -15,7 +48,7 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # What killed ranks of this session's jobs left in /dev/shm (see tests/mpich_leftovers.py);
+    # What killed ranks of this session's jobs left in /dev/shm (see tests/support/mpich_leftovers.py);
     # files that were there before the session are someone else's to judge.
     before = session.config.stash.get(_SEGMENTS_BEFORE, None)
     if before is not None:

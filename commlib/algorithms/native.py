@@ -9,7 +9,7 @@ libraries are never asked for a collective of one.
 
 from __future__ import annotations
 
-from ..ops import ReduceOp
+from commlib.ops import ReduceOp
 
 
 def allreduce_native(transport, buf, op: ReduceOp, *, segment_bytes: int = 0) -> None:

@@ -8,12 +8,15 @@
     python -m commlib.costmodel validate --model model.json --bench rows.json   # against measurements
 
 ``COMMLIB_COST_MODEL=model.json`` makes ``algorithm="auto"`` pick, for groups that span hosts,
-the algorithm the model predicts fastest. Files: :mod:`.formulas` (the closed forms),
-:mod:`.model` (the JSON and choices), :mod:`.fit` (the measurements), :mod:`.ddp_scaling`
-(a DDP trace replayed at more ranks), :mod:`.__main__` (the command line).
+the algorithm the model predicts fastest. The model itself lives below the group, in
+:mod:`commlib.selection` (:mod:`~commlib.selection.formulas`, the closed forms;
+:mod:`~commlib.selection.cost_model`, the JSON and choices); this package is the tool around
+it: :mod:`.fit` (the measurements), :mod:`.ddp_scaling` (a DDP trace replayed at more ranks),
+:mod:`.__main__` (the command line).
 """
 
-from .formulas import FORMULAS, Breakdown, Links, predict
-from .model import FORMAT, CostModel
+from commlib.selection import formulas
+from commlib.selection.cost_model import FORMAT, CostModel
+from commlib.selection.formulas import FORMULAS, Breakdown, Links, predict
 
-__all__ = ["CostModel", "Links", "Breakdown", "FORMULAS", "FORMAT", "predict"]
+__all__ = ["CostModel", "Links", "Breakdown", "FORMULAS", "FORMAT", "predict", "formulas"]

@@ -7,14 +7,15 @@ import json
 import sys
 from typing import Dict
 
-from ..bench import parse_size
-from ..errors import InvalidUsageError
+from commlib.bench.record import read_record
+from commlib.errors import InvalidUsageError
+from commlib.units import parse_size
 
 __all__ = ["main"]
 
 
 def _predict(args) -> int:
-    from .model import CostModel
+    from commlib.selection.cost_model import CostModel
 
     model = CostModel.load(args.model)
     predicted = model.predict(args.bytes, args.hosts, args.ranks_per_host)
@@ -35,8 +36,8 @@ def _predict(args) -> int:
 
 
 def _ddp(args) -> int:
-    from .ddp_scaling import predict_scaling, profile_from_trace
-    from .model import CostModel
+    from commlib.costmodel.ddp_scaling import predict_scaling, profile_from_trace
+    from commlib.selection.cost_model import CostModel
 
     model = CostModel.load(args.model)
     profile = profile_from_trace(args.trace)
@@ -81,32 +82,43 @@ def _ddp(args) -> int:
     return 0
 
 
+def _bench_rows(path):
+    """The allreduce rows of a ``python -m commlib.bench --json`` record (the model is of allreduces)."""
+    try:
+        record = read_record(path)
+    except ValueError as error:
+        raise InvalidUsageError(f"bench rows {error}") from None
+    if record["benchmark"] != "commlib.bench":
+        raise InvalidUsageError(f"bench rows {path}: a record of {record['benchmark']}, expected commlib.bench's")
+    for row in record["rows"]:
+        if row.get("collective", "allreduce") != "allreduce":
+            continue
+        if not row.get("hosts"):
+            raise InvalidUsageError(f"bench rows {path}: no 'hosts' field (rows from a bench that predates it)")
+        yield row
+
+
 def _validate(args) -> int:
     """Predictions against ``python -m commlib.bench --json`` rows (which say where ranks were)."""
     import statistics
 
-    from .model import CostModel
+    from commlib.selection.cost_model import CostModel
 
     model = CostModel.load(args.model)
     wanted = set(args.algorithms.split(","))
     errors = []
     print(f"{'shape':>6} {'size':>10} {'algorithm':>14} {'measured(us)':>13} {'predicted(us)':>14} {'error':>7}")
     for path in args.bench:
-        try:
-            rows = json.loads(open(path).read())
-        except (OSError, ValueError) as error:
-            raise InvalidUsageError(f"bench rows {path}: {error}") from None
-        for row in rows:
-            if row.get("algorithm") not in wanted or row["size"] < args.min_bytes or row["size"] > args.max_bytes:
+        for row in _bench_rows(path):
+            if row["algorithm"] not in wanted or not args.min_bytes <= row["size"] <= args.max_bytes:
                 continue
-            hosts = row.get("hosts")
-            if not hosts:
-                raise InvalidUsageError(f"bench rows {path}: no 'hosts' field (rows from a bench that predates it)")
+            hosts = row["hosts"]
             per_host = max(len(ranks) for ranks in hosts)
+            measured = row["time(us)"]
             predicted = model.predict(row["size"], len(hosts), per_host)[row["algorithm"]].total * 1e6
-            relative = predicted / row["time_us"] - 1
+            relative = predicted / measured - 1
             errors.append(abs(relative))
-            print(f"{len(hosts)}x{per_host:<4} {row['size']:>10} {row['algorithm']:>14} {row['time_us']:>13.1f} "
+            print(f"{len(hosts)}x{per_host:<4} {row['size']:>10} {row['algorithm']:>14} {measured:>13.1f} "
                   f"{predicted:>14.1f} {relative:>+7.1%}")
     if not errors:
         raise InvalidUsageError("no bench row matched the algorithms and sizes asked for")
@@ -139,7 +151,7 @@ def main(argv=None) -> int:
     validate.add_argument("--max-bytes", type=parse_size, default=64 << 20)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["fit"]:
-        from .fit import main as fit_main
+        from commlib.costmodel.fit import main as fit_main
 
         return fit_main(argv[1:])
     args = parser.parse_args(argv)

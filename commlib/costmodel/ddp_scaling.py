@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Sequence
 
-from ..errors import InvalidUsageError
+from commlib.errors import InvalidUsageError
 
 __all__ = ["StepProfile", "profile_from_trace", "Scaling", "predict_scaling"]
 

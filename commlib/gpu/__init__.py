@@ -6,7 +6,7 @@ GPU transports themselves are with the others: :mod:`commlib.transports.nccl` an
 :mod:`commlib.transports.host_staged`.
 """
 
-from .backend import GpuBackend, attach, configured_transport
-from .preflight import GpuSetupError
+from commlib.gpu.backend import GpuBackend, attach, configured_transport
+from commlib.gpu.preflight import GpuSetupError
 
 __all__ = ["GpuBackend", "attach", "configured_transport", "GpuSetupError"]

@@ -1,6 +1,6 @@
 """``GpuBackend``: a group's collectives on CuPy arrays.
 
-Created by ``ProcessGroup._gpu_backend()`` on the first collective whose buffer is a CuPy array.
+Created by ``ProcessGroup.gpu_backend()`` on the first collective whose buffer is a CuPy array.
 That first call bootstraps, collectively and in issue order (it is itself a task of the group's
 executor, so it cannot interleave with the group's CPU collectives on the MPI communicator):
 the preflight exchange (:mod:`.preflight`) picks every rank's device or raises the same error
@@ -28,17 +28,18 @@ from typing import TYPE_CHECKING, Dict, Optional, Union
 
 import numpy as np
 
-from ..errors import CommTimeoutError, GroupAbortedError, InvalidUsageError
-from ..transports.interface import format_bytes
-from .device import import_cupy, probe_local_gpus
-from .preflight import TRANSPORTS, GpuSetupError, RankRecord, decide, exchange_records
-from .watchdog import Watchdog
-from .work import GpuWork
+from commlib.errors import CommTimeoutError, GroupAbortedError, InvalidUsageError
+from commlib.execution.issue import begin_collective
+from commlib.gpu.device import import_cupy, probe_local_gpus
+from commlib.gpu.preflight import TRANSPORTS, GpuSetupError, RankRecord, decide, exchange_records
+from commlib.gpu.watchdog import Watchdog
+from commlib.gpu.work import GpuWork
+from commlib.units import format_bytes
 
 if TYPE_CHECKING:  # imported where first needed: they import cupy's modules
-    from ..transports.host_staged import HostStagedTransport
-    from ..transports.nccl import NCCLTransport
-    from .streams import CommStream
+    from commlib.transports.host_staged import HostStagedTransport
+    from commlib.transports.nccl import NCCLTransport
+    from commlib.gpu.streams import CommStream
 
 __all__ = ["GpuBackend", "attach", "configured_transport"]
 
@@ -52,14 +53,9 @@ def configured_transport(group) -> str:
 
 
 def attach(group, transport: Optional[str] = None, device: Optional[int] = None) -> "GpuBackend":
-    """Choose ``group``'s GPU transport/device before its first GPU collective (local, not collective)."""
-    backend = group._gpu
-    if backend is None:
-        backend = group._gpu = GpuBackend(group, transport=transport, device=device)
-    elif transport is not None and backend.kind != transport:
-        raise InvalidUsageError(f"{group!r}: GPU backend already created with transport "
-                                f"{backend.kind!r}; cannot switch to {transport!r}")
-    return backend
+    """Choose ``group``'s GPU transport/device before its first GPU collective (local, not collective):
+    ``group.gpu_backend(transport, device)``."""
+    return group.gpu_backend(transport, device)
 
 
 class GpuBackend:
@@ -112,7 +108,7 @@ class GpuBackend:
         except GpuSetupError as exc:
             outcome["error"] = exc
             return
-        from .streams import CommStream
+        from commlib.gpu.streams import CommStream
 
         cupy = import_cupy()
         self._cupy = cupy
@@ -120,16 +116,16 @@ class GpuBackend:
         comm_stream = self.comm_stream = CommStream(cupy, self.device)
         transport: Union[NCCLTransport, HostStagedTransport]
         if self.kind == "nccl":
-            from ..transports.nccl import NCCLTransport, create_communicator
+            from commlib.transports.nccl import NCCLTransport, create_communicator
 
             communicator = create_communicator(cupy, group.comm, self.device, group.timeout)
             transport = NCCLTransport(cupy, communicator, group.rank, group.size, comm_stream)
         else:
-            from ..transports.host_staged import CupyStager, HostStagedTransport
+            from commlib.transports.host_staged import CupyStager, HostStagedTransport
 
             transport = HostStagedTransport(group.comm, CupyStager(cupy, comm_stream))
             # Host-staged MPI timeouts then name the laggard ranks, as the CPU path's do.
-            transport.host.progress_board = getattr(group, "progress", None)
+            transport.host.progress_board = group.progress
         transport.topology = group.topology  # hierarchical schedules ask it
         self.transport = transport
         device = self.device
@@ -155,7 +151,7 @@ class GpuBackend:
             comm_stream.wait_on_caller(caller, work.done_event)
             return None
         inner = group.executor.submit(task, collective, nbytes, result)
-        work._attach(inner)
+        work.attach(inner)
         return work
 
     def _task(self, work, run, collective, algorithm, nbytes, fingerprint, ready):
@@ -164,13 +160,8 @@ class GpuBackend:
 
         def task(seq):
             work.seq = seq
-            progress = getattr(group, "progress", None)
-            if progress is not None:
-                progress.started(seq, collective)
-            transport.context.begin(collective, seq, algorithm, nbytes, group.timeout)
-            checker = group._fingerprints
-            if checker is not None:
-                checker.check(collective, seq, algorithm, fingerprint)
+            begin_collective(seq, collective, algorithm, nbytes, fingerprint, context=transport.context,
+                             timeout=group.timeout, progress=group.progress, fingerprints=group.fingerprints)
             with comm_stream.active(ready):
                 run(transport)
                 work.done_event = comm_stream.record_done()
@@ -190,7 +181,7 @@ class GpuBackend:
         dtype = fingerprint.dtype
         if self.kind != "nccl" or dtype is None:
             return
-        from ..transports.nccl import nccl_reduce_dtype_ok
+        from commlib.transports.nccl import nccl_reduce_dtype_ok
 
         typed = collective in _TYPED_NATIVES or (collective == "allreduce" and algorithm == "native")
         if typed and not nccl_reduce_dtype_ok(dtype):

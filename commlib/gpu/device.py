@@ -16,7 +16,7 @@ import numbers
 import socket
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import InvalidUsageError
+from commlib.errors import InvalidUsageError
 
 __all__ = ["import_cupy", "local_ranks", "select_device", "LocalGpus", "probe_local_gpus"]
 

@@ -19,8 +19,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CommTimeoutError, InvalidUsageError
-from .device import LocalGpus, local_ranks, select_device
+from commlib.errors import CommTimeoutError, InvalidUsageError
+from commlib.gpu.device import LocalGpus, local_ranks, select_device
 
 __all__ = ["GpuSetupError", "RankRecord", "exchange_records", "decide", "format_nccl_version",
            "RECORD_BYTES"]
@@ -68,7 +68,7 @@ def _decode(buf: np.ndarray) -> RankRecord:
 
 def exchange_records(comm, record: RankRecord, timeout: float) -> List[RankRecord]:
     """Allgather ``record`` over the MPI communicator ``comm``; records come back in rank order."""
-    from ..transports.polling import wait_all
+    from commlib.platform.waiting import wait_all
 
     send = _encode(record)
     recv = np.empty(RECORD_BYTES * comm.Get_size(), dtype=np.uint8)

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, List, Optional, Protocol
 
-from ..errors import CommError
+from commlib.errors import CommError
 
 __all__ = ["Watchdog"]
 
@@ -34,7 +34,7 @@ class TrackedWork(Protocol):
 
     def is_completed(self) -> bool: ...
 
-    def _complete(self, error: Optional[BaseException] = None) -> None: ...
+    def complete(self, error: Optional[BaseException] = None) -> None: ...
 
 
 class Watchdog:
@@ -102,12 +102,12 @@ class Watchdog:
             except Exception as exc:  # noqa: BLE001 - a CUDA error (sticky, e.g. an illegal address) surfaces here
                 if sys.is_finalizing():
                     return finished, None
-                work._complete(CommError(f"{work.collective} #{work.seq}: polling its done event "
+                work.complete(CommError(f"{work.collective} #{work.seq}: polling its done event "
                                          f"failed: {exc}"))
                 finished.append(work)
                 continue
             if done:
-                work._complete(None)
+                work.complete(None)
                 finished.append(work)
             elif now >= work.deadline and expired is None:
                 expired = work
@@ -121,7 +121,7 @@ class Watchdog:
         # The expired work first: its error is the root cause the others' messages point to.
         victims.sort(key=lambda w: w is not expired)
         for work in victims:
-            work._complete(error_for(work))
+            work.complete(error_for(work))
         if self._after_failing is not None:
             self._after_failing()
 

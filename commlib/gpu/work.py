@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ..errors import CommError
-from ..work import Work
+from commlib.errors import CommError
+from commlib.execution.work import Work
 
 __all__ = ["GpuWork"]
 
@@ -35,16 +35,16 @@ class GpuWork(Work):
         self._comm_stream = comm_stream
 
     # -- runtime side ---------------------------------------------------------------------------
-    def _attach(self, inner: Work) -> None:
+    def attach(self, inner: Work) -> None:
         """Follow the executor's ``Work`` of the enqueue (async collectives)."""
         self._inner = inner
         self.seq = inner.seq  # None until the collective starts; the backend's task sets it then
-        inner._when_complete(self._on_enqueued)
+        inner.when_complete(self._on_enqueued)
 
     def _on_enqueued(self, inner: Work) -> None:
         error = inner.exception()
         if error is not None:
-            self._complete(error)
+            self.complete(error)
 
     def done_probe(self) -> bool:
         """Has the done event fired? A CUDA error while asking fails the work (and counts as done)."""
@@ -54,14 +54,14 @@ class GpuWork(Work):
         try:
             return event.done
         except Exception as exc:  # noqa: BLE001 - sticky CUDA errors (illegal address ...) surface on any query
-            self._complete(CommError(f"{self.collective} #{self.seq}: polling its done event failed: {exc}"))
+            self.complete(CommError(f"{self.collective} #{self.seq}: polling its done event failed: {exc}"))
             return True
 
-    def _ran(self) -> bool:
+    def has_run(self) -> bool:
         inner = self._inner
-        return inner._ran() if inner is not None else self._done.is_set()
+        return inner.has_run() if inner is not None else self._done.is_set()
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """An ordered callback sees the GPU's result: block until done (an error stays on the work)."""
         try:
             self.synchronize()
@@ -74,7 +74,7 @@ class GpuWork(Work):
         the callback runs once the GPU finished the collective."""
         inner = self._inner
         if inner is None or inner._executor is None:
-            self._when_complete(callback)
+            self.when_complete(callback)
         else:
             inner._executor.add_callback(self, callback, after=inner)
 
@@ -90,10 +90,10 @@ class GpuWork(Work):
             return True
         inner = self._inner
         if inner is not None and inner.is_completed() and inner.exception() is not None:
-            self._complete(inner.exception())
+            self.complete(inner.exception())
             return True
         if self.done_probe():
-            self._complete(None)
+            self.complete(None)
             return True
         return False
 
@@ -119,7 +119,7 @@ class GpuWork(Work):
         delay = 0.0
         while not self._done.is_set():
             if self.done_probe():
-                self._complete(None)
+                self.complete(None)
                 break
             # Short sleeps first: small collectives finish within microseconds.
             time.sleep(delay)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .interface import Pending, Transport
-from .mpi import MPITransport
+from commlib.transports.interface import Pending, Transport
+from commlib.transports.mpi.transport import MPITransport
 
 __all__ = ["HostStagedTransport", "CupyStager"]
 

@@ -29,10 +29,11 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CommError, CommTimeoutError
-from ..ops import ReduceOp
-from ..topology import Topology
-from .interface import Pending, Transfer, Transport, format_bytes
+from commlib.errors import CommError, CommTimeoutError
+from commlib.ops import ReduceOp
+from commlib.topology import Topology
+from commlib.transports.interface import Pending, Transfer, Transport
+from commlib.units import format_bytes
 
 __all__ = ["InProcessWorld", "InProcessTransport", "SendRecord"]
 

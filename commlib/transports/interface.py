@@ -26,7 +26,7 @@ cupy. It sees a :class:`Transport`, which offers
   yes, messages match per pair and tag; NCCL: no, every rank must call in one order);
 * ``host_shared_memory``: None, or a shared-memory transport over this rank's peers on its host
   when the group spans hosts and has mapped their memory (the hierarchical allreduce runs its
-  intra-host phases there, see :mod:`commlib.host_memory`).
+  intra-host phases there, see :mod:`commlib.group.host_memory`).
 * ``context`` (what the group is running: collective, sequence number, deadline; waits and
   error messages read it) and ``step(label)``, which names the schedule's step in it;
 * ``memo``: a per-transport dict where an algorithm keeps what it derives once (views, plans).
@@ -36,7 +36,7 @@ And what the group itself uses, besides the above:
 * ``progress_board``: set by the group; waits read it to name laggards and to give up when a
   peer's process exited;
 * ``inline_native(collective, timeout)``: a cheap ``run(seq, limit, *args) -> bool`` for the
-  group's small-message fast path (:mod:`commlib.group_inline`), or None (the default);
+  group's small-message fast path (:mod:`commlib.group.fast_path`), or None (the default);
   ``inline_pair(collective, timeout)``: ``(algorithm, run)``, the same for one of our own
   schedules where it is a single message at two ranks, or None;
 * ``split(member, key)`` and ``free_communicator()``: the group's sub-groups and its teardown
@@ -54,13 +54,15 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
-from ..ops import ReduceOp, reduce_into, reduce_ordered
-from ..topology import Topology
+from commlib.ops import ReduceOp, reduce_into, reduce_ordered
+from commlib.rendezvous.interface import Rendezvous
+from commlib.topology import Topology
+from commlib.units import format_bytes
 
 if TYPE_CHECKING:
-    from ..progress_board import ProgressBoard
+    from commlib.reliability.progress_board import ProgressBoard
 
-__all__ = ["Transport", "Pending", "CompletedPending", "CollectiveContext", "Transfer"]
+__all__ = ["Transport", "Pending", "CompletedPending", "CollectiveContext", "Transfer", "format_bytes"]
 
 Transfer = Tuple[object, int]  # (contiguous 1-D buffer slice, peer rank)
 
@@ -89,11 +91,6 @@ class CollectiveContext:
         return f"{self.collective} #{self.seq}{algo}{step}, {format_bytes(self.nbytes)}"
 
 
-def format_bytes(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.4g} {unit}"
-    return f"{nbytes} B"
 
 
 class Pending(abc.ABC):
@@ -127,10 +124,18 @@ class Transport(abc.ABC):
     #: Whether two threads may post at once, to disjoint pairs of ranks (MPI: yes, messages match
     #: per pair and tag; NCCL: no, every rank must call in one order).
     concurrent_posts: bool = False
+    #: Whether messages between two ranks of one host move through shared memory (MPI's do):
+    #: then the library-style schedules (ring, rabenseifner) compete with the ``shm_*`` ones and
+    #: the selector's one-host tables weigh them; over loopback sockets they never win.
+    local_messages_in_shared_memory: bool = False
     #: Set by the group: None, or a shared-memory transport over this rank's peers on its host
     #: when the group spans hosts and mapped their memory (hierarchical's intra-host phases).
     host_shared_memory: Optional[Transport] = None
-    #: Set by the group: its :class:`commlib.progress_board.ProgressBoard` (who started which
+    #: How this transport's ranks met (:mod:`commlib.rendezvous`), for a transport that builds its
+    #: own connections (sockets): a group over it sets itself up through it. None for MPI's (the
+    #: group makes its rendezvous from the communicator) and for views.
+    rendezvous: Optional[Rendezvous] = None
+    #: Set by the group: its :class:`commlib.reliability.progress_board.ProgressBoard` (who started which
     #: collective), which waits read to name laggards and to give up on a peer that exited.
     progress_board: Optional[ProgressBoard] = None
 
@@ -180,7 +185,7 @@ class Transport(abc.ABC):
         path, or None.
 
         The group asks once per collective and calls it from its small-message fast path, under
-        the executor's issue lock with nothing else in line (see :mod:`commlib.group_inline`).
+        the executor's issue lock with nothing else in line (see :mod:`commlib.group.fast_path`).
         ``run`` first decides whether it takes the call (plain host buffers it can hand to its
         library as they are, valid arguments, at most ``limit`` bytes as ``auto`` keys the
         collective) and returns False without touching anything if not: the general path then
@@ -290,6 +295,10 @@ class Transport(abc.ABC):
             self._scratch[key] = buf
         return buf[:count]
 
+    def scratch_bytes(self) -> int:
+        """Bytes the transport's scratch buffers hold now (what a schedule cost in extra memory)."""
+        return sum(buf.nbytes for buf in self._scratch.values())
+
     def release_scratch(self) -> None:
         """Drop the scratch buffers and the memo (at close)."""
         self._scratch.clear()
@@ -305,6 +314,12 @@ class Transport(abc.ABC):
     def free_communicator(self) -> None:  # noqa: B027 - optional: most transports hold nothing of the kind
         """Release what ties the transport to its ranks (MPI: the communicator), last, at the
         group's close. Local and idempotent; nothing by default."""
+
+    def releaser(self):
+        """A callable that does :meth:`free_communicator`'s work without a reference to this
+        transport's group (run when the group is collected unclosed). By default
+        ``free_communicator`` itself."""
+        return self.free_communicator
 
     def step(self, label: str) -> None:
         """Name the current step of the schedule, for error messages."""

@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from ..errors import CommError, CommTimeoutError
-from ..ops import ReduceOp
-from .interface import CompletedPending, Transport
+from commlib.errors import CommError, CommTimeoutError
+from commlib.ops import ReduceOp
+from commlib.transports.interface import CompletedPending, Transport
 
 __all__ = ["NCCLTransport", "create_communicator", "nccl_reduce_dtype_ok", "NCCL_DTYPE_NAMES"]
 
@@ -61,7 +61,7 @@ def create_communicator(cupy, mpi_comm, device: int, timeout: float):
     """
     from cupy.cuda import nccl
 
-    from .polling import wait_all
+    from commlib.platform.waiting import wait_all
 
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     buf = np.zeros(UNIQUE_ID_BUFFER, dtype=np.uint8)

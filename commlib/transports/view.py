@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .interface import Pending, Transfer, Transport
+from commlib.transports.interface import Pending, Transfer, Transport
 
 __all__ = ["RankView"]
 

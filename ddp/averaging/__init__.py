@@ -10,11 +10,11 @@
 All are :class:`ddp.Joinable`, count their bytes (``bytes_sent``) and have ``state_dict()``.
 """
 
-from .averagers import ModelAverager, PeriodicModelAverager
-from .hierarchical import HierarchicalModelAverager
-from .partial import PartialModelAverager
-from .schedule import Piece, plan_partial_sync
-from .utils import average_parameters, average_parameters_or_parameter_groups, get_params_to_average
+from ddp.averaging.averagers import ModelAverager, PeriodicModelAverager
+from ddp.averaging.hierarchical import HierarchicalModelAverager
+from ddp.averaging.partial import PartialModelAverager
+from ddp.averaging.schedule import Piece, plan_partial_sync
+from ddp.averaging.utils import average_parameters, average_parameters_or_parameter_groups, get_params_to_average
 
 __all__ = ["ModelAverager", "PeriodicModelAverager", "HierarchicalModelAverager", "PartialModelAverager",
            "average_parameters", "average_parameters_or_parameter_groups", "get_params_to_average",

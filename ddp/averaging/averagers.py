@@ -24,11 +24,11 @@ from typing import List, Optional
 
 import torch
 
-from ..hooks.post_localsgd import check_warmup_agrees
-from ..join import Join, Joinable, JoinHook
-from ..stats import ByteCounter
-from ..verify import broadcast_tensors
-from .utils import average_tensors, tensors_to_average
+from ddp.averaging.utils import average_tensors, tensors_to_average
+from ddp.hooks.post_localsgd import check_warmup_agrees
+from ddp.join import Join, Joinable, JoinHook
+from ddp.stats import ByteCounter
+from ddp.verify import broadcast_tensors
 
 __all__ = ["ModelAverager", "PeriodicModelAverager"]
 

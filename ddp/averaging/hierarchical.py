@@ -24,8 +24,8 @@ from typing import Optional
 
 import torch
 
-from ..subgroups import subgroups_of_size
-from .averagers import ModelAverager
+from ddp.averaging.averagers import ModelAverager
+from ddp.subgroups import subgroups_of_size
 
 __all__ = ["HierarchicalModelAverager"]
 

@@ -31,9 +31,9 @@ import torch
 from autograd_bridge.tensors import to_array
 from commlib import ReduceOp
 
-from ..stats import MeteredGroup
-from .averagers import ModelAverager, check_count
-from .schedule import STRATEGIES, Piece, plan_partial_sync
+from ddp.averaging.averagers import ModelAverager, check_count
+from ddp.averaging.schedule import STRATEGIES, Piece, plan_partial_sync
+from ddp.stats import MeteredGroup
 
 __all__ = ["PartialModelAverager"]
 

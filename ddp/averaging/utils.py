@@ -17,7 +17,7 @@ import torch
 from autograd_bridge.tensors import to_array
 from commlib import ReduceOp
 
-from ..stats import ByteCounter, MeteredGroup
+from ddp.stats import ByteCounter, MeteredGroup
 
 __all__ = ["average_parameters", "get_params_to_average", "average_parameters_or_parameter_groups",
            "average_tensors", "tensors_to_average"]
@@ -70,12 +70,13 @@ IN_PLACE_BYTES = 1 << 20
 
 @torch.no_grad()
 def average_tensors(tensors: Sequence[torch.Tensor], group, *, contributors: Optional[int] = None,
-                    contribute: bool = True, counter: Optional[ByteCounter] = None) -> None:
+                    contribute: bool = True, counter: Optional[ByteCounter] = None, algorithm: str = "auto") -> None:
     """Replace each tensor by its average over the ranks of ``group`` that ``contribute``.
 
     ``contributors``: how many ranks contribute (default all); a rank with ``contribute=False``
     (a joined rank under :class:`ddp.Join`) sends zeros of the same sizes and keeps its tensors.
-    Every rank must pass tensors of the same sizes and dtypes in the same order.
+    Every rank must pass tensors of the same sizes and dtypes in the same order; ``algorithm``
+    is the allreduce's.
     """
     if group is None or not tensors:
         return
@@ -88,9 +89,9 @@ def average_tensors(tensors: Sequence[torch.Tensor], group, *, contributors: Opt
                 small.append(tensor)
             elif contribute:
                 tensor.div_(divisor)
-                sender.allreduce(to_array(tensor.detach()), ReduceOp.SUM)
+                sender.allreduce(to_array(tensor.detach()), ReduceOp.SUM, algorithm=algorithm)
             else:
-                sender.allreduce(to_array(torch.zeros_like(tensor)), ReduceOp.SUM)
+                sender.allreduce(to_array(torch.zeros_like(tensor)), ReduceOp.SUM, algorithm=algorithm)
         if not small:
             continue
         if contribute:
@@ -98,7 +99,7 @@ def average_tensors(tensors: Sequence[torch.Tensor], group, *, contributors: Opt
             flat.div_(divisor)
         else:
             flat = torch.zeros(sum(t.numel() for t in small), dtype=dtype, device=device)
-        sender.allreduce(to_array(flat), ReduceOp.SUM)
+        sender.allreduce(to_array(flat), ReduceOp.SUM, algorithm=algorithm)
         if contribute:
             offset = 0
             for tensor in small:

@@ -7,10 +7,10 @@
 * :mod:`.post_localsgd`: ``PostLocalSGDState``, ``post_localSGD_hook``.
 """
 
-from .default import (CommHook, CompletedWork, GradBucket, HookResult, HookWork, allreduce_hook,
-                      bf16_compress_hook, fp16_compress_hook)
-from .post_localsgd import PostLocalSGDState, post_localSGD_hook
-from .powersgd import PowerSGDState, batched_powerSGD_hook, powerSGD_hook
+from ddp.hooks.default import (CommHook, CompletedWork, GradBucket, HookResult, HookWork, allreduce_hook,
+                               bf16_compress_hook, fp16_compress_hook)
+from ddp.hooks.post_localsgd import PostLocalSGDState, post_localSGD_hook
+from ddp.hooks.powersgd import PowerSGDState, batched_powerSGD_hook, powerSGD_hook
 
 __all__ = ["GradBucket", "HookWork", "CompletedWork", "HookResult", "CommHook", "allreduce_hook", "fp16_compress_hook",
            "bf16_compress_hook", "PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook",

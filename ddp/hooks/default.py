@@ -26,7 +26,7 @@ import torch
 from autograd_bridge.tensors import to_array
 from commlib import ReduceOp, WorkHandle
 
-from ..stats import ByteCounter, MeteredGroup
+from ddp.stats import ByteCounter, MeteredGroup
 
 __all__ = ["GradBucket", "HookWork", "CompletedWork", "HookResult", "CommHook", "allreduce_hook",
            "fp16_compress_hook", "bf16_compress_hook"]

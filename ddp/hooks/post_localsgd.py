@@ -26,8 +26,8 @@ import torch
 
 from commlib import ReduceOp, WorkHandle
 
-from ..subgroups import host_subgroup
-from .default import CompletedWork, GradBucket
+from ddp.hooks.default import CompletedWork, GradBucket
+from ddp.subgroups import host_subgroup
 
 __all__ = ["PostLocalSGDState", "post_localSGD_hook", "check_warmup_agrees"]
 

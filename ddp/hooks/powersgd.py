@@ -18,7 +18,7 @@ Where ours differs, on purpose:
   bucket instead of torch's three (one latency less per bucket on a slow link).
 * Everything after the first allreduce runs in its done-callback on the group's communication
   thread, overlapped with the rest of backward; the Q allreduce issued from there takes its fixed
-  place in the group's order (see :mod:`commlib.executor`), so buckets in flight never cross.
+  place in the group's order (see :mod:`commlib.execution.executor`), so buckets in flight never cross.
 * Error feedback sums gradient and error in the error buffer itself (torch adds into the bucket
   and clones it every step: two more passes over the gradients and a bucket-sized temporary).
 * State is keyed by parameter (``GradBucket.parameter_indices``), not by bucket: the one-time
@@ -47,8 +47,8 @@ import torch
 from autograd_bridge.tensors import to_array
 from commlib import ReduceOp
 
-from .default import GradBucket
-from .lowrank import effective_rank, matrix_shape, orthogonalize_, should_compress
+from ddp.hooks.default import GradBucket
+from ddp.hooks.lowrank import effective_rank, matrix_shape, orthogonalize_, should_compress
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "batched_powerSGD_hook"]
 
@@ -174,7 +174,12 @@ def _finish_in_callback(future: torch.futures.Future, first_work, finish):
 
 
 def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Future:
-    """Reduce the bucket with PowerSGD (per-tensor low-rank compression); see the module docstring."""
+    """Reduce the bucket with PowerSGD (per-tensor low-rank compression); see the module docstring.
+
+    (Over 80 lines with its ``finish``: the second half of the round is a closure over the first
+    half's buffers, run in order on the communication thread; as a function of its own it would
+    take a dozen of them as arguments.)
+    """
     group = _group_of(state, bucket)
     if state.iter < state.start_powerSGD_iter:
         return _plain_average(state, bucket, group)
@@ -185,25 +190,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
     grads = bucket.gradients()
     rank = state.matrix_approximation_rank
 
-    compressed: List[Tuple[int, int, int, int]] = []   # (position in the bucket, n, m, r)
-    uncompressed: List[int] = []
-    for position, grad in enumerate(grads):
-        nm = matrix_shape(tuple(grad.shape))
-        if nm is None:
-            uncompressed.append(position)
-            state.total_numel_before_compression += 1
-            state.total_numel_after_compression += 1
-            continue
-        n, m = nm
-        r = effective_rank(n, m, rank)
-        compress, before, after = should_compress(n, m, r, state.min_compression_rate)
-        state.total_numel_before_compression += before
-        if compress:
-            compressed.append((position, n, m, r))
-            state.total_numel_after_compression += after
-        else:
-            uncompressed.append(position)
-            state.total_numel_after_compression += before
+    compressed, uncompressed = _plan_compression(state, grads, rank)
     if not compressed:
         # Nothing pays to compress: one plain average (torch runs three collectives here, and an
         # error feedback whose terms average to zero across ranks, i.e. only adds rounding).
@@ -225,19 +212,8 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
         sources = [state.error_dict[index] for index in indices]
     matrices = {position: sources[position].view(n, m) for position, n, m, _ in compressed}
 
-    # Q factors: warm-started, or new random ones for the whole bucket (torch: one seed per
-    # bucket, matrices drawn grouped by shape in order of first appearance).
     keys = [indices[position] for position, _, _, _ in compressed]
-    if not state.warm_start or any(key not in state.q_memory_dict for key in keys):
-        by_shape: "OrderedDict[tuple, list]" = OrderedDict()
-        for key, (_, n, m, r) in zip(keys, compressed):
-            by_shape.setdefault((n, m), []).append((key, m, r))
-        order = [entry for entries in by_shape.values() for entry in entries]
-        for (key, _, _), q in zip(order, _random_matrices(state, [(m, r) for _, m, r in order], dtype)):
-            state.q_memory_dict[key] = q.to(buffer.device)
-    qs = [state.q_memory_dict[key] for key in keys]
-    for q in qs:
-        orthogonalize_(q, state.orthogonalization_epsilon)
+    qs = _q_factors(state, keys, compressed, dtype, buffer.device)
 
     # One allreduce for the uncompressed tensors and every P = M Q of the bucket.
     uncompressed_numel = sum(grads[position].numel() for position in uncompressed)
@@ -290,6 +266,48 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Fut
         return buffer
 
     return _finish_in_callback(torch.futures.Future(), first_work, finish)
+
+
+def _plan_compression(state: PowerSGDState, grads, rank: int) -> Tuple[List[Tuple[int, int, int, int]], List[int]]:
+    """``(compressed, uncompressed)``: ``(position in the bucket, n, m, r)`` of the tensors that pay
+    to compress, and the positions of the others; counts the numels before and after in ``state``."""
+    compressed: List[Tuple[int, int, int, int]] = []
+    uncompressed: List[int] = []
+    for position, grad in enumerate(grads):
+        nm = matrix_shape(tuple(grad.shape))
+        if nm is None:
+            uncompressed.append(position)
+            state.total_numel_before_compression += 1
+            state.total_numel_after_compression += 1
+            continue
+        n, m = nm
+        r = effective_rank(n, m, rank)
+        compress, before, after = should_compress(n, m, r, state.min_compression_rate)
+        state.total_numel_before_compression += before
+        if compress:
+            compressed.append((position, n, m, r))
+            state.total_numel_after_compression += after
+        else:
+            uncompressed.append(position)
+            state.total_numel_after_compression += before
+    return compressed, uncompressed
+
+
+def _q_factors(state: PowerSGDState, keys, compressed, dtype, device) -> list:
+    """The orthogonalized Q factors of the compressed tensors: warm-started, or new random ones for
+    the whole bucket (torch: one seed per bucket, matrices drawn grouped by shape in order of first
+    appearance)."""
+    if not state.warm_start or any(key not in state.q_memory_dict for key in keys):
+        by_shape: "OrderedDict[tuple, list]" = OrderedDict()
+        for key, (_, n, m, r) in zip(keys, compressed):
+            by_shape.setdefault((n, m), []).append((key, m, r))
+        order = [entry for entries in by_shape.values() for entry in entries]
+        for (key, _, _), q in zip(order, _random_matrices(state, [(m, r) for _, m, r in order], dtype)):
+            state.q_memory_dict[key] = q.to(device)
+    qs = [state.q_memory_dict[key] for key in keys]
+    for q in qs:
+        orthogonalize_(q, state.orthogonalization_epsilon)
+    return qs
 
 
 def batched_powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> torch.futures.Future:

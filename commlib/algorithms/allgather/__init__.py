@@ -1,0 +1,1 @@
+"""allgather's schedules: ring, recursive doubling, Bruck."""

@@ -1,0 +1,1 @@
+"""allreduce's schedules: ring, tree, recursive doubling, Rabenseifner, hierarchical."""

@@ -1,0 +1,1 @@
+"""alltoall's and alltoallv's schedules: pairwise, scattered, Bruck (alltoall only)."""

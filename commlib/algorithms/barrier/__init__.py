@@ -1,0 +1,1 @@
+"""barrier's schedules: dissemination."""

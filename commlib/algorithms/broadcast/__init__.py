@@ -1,0 +1,1 @@
+"""broadcast's schedules: binomial, chain, flat, scatter-allgather."""

@@ -1,0 +1,1 @@
+"""gather's schedules: binomial."""

@@ -1,0 +1,1 @@
+"""reduce's schedules: binomial, Rabenseifner."""

@@ -1,0 +1,1 @@
+"""reduce_scatter's schedules: ring, recursive halving, pairwise."""

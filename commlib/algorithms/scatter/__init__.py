@@ -1,0 +1,1 @@
+"""scatter's schedules: binomial."""

@@ -1,0 +1,233 @@
+"""``python -m commlib.ft.bench``: what fault tolerance costs, beside its peer in the same run.
+
+    python -m commlib.ft.bench --replicas 3 --steps 60 --bytes 4M --compute-ms 20 --state 100M
+
+Two tables, processes on this host over the socket transport (loopback):
+
+* **steady state**: per step, ``compute`` (emulated by a sleep: the accelerator's time) then the
+  average of a ``bytes`` gradient over the replicas. *plain*: a fixed group
+  (``commlib.group_over_store``) and its ring allreduce. *ft*: the same allreduce through a
+  :class:`commlib.ft.Manager` (the step's vote, a second allreduce of two integers, and the
+  epoch check). Medians over the steps after a warm-up; the ratio is ft / plain.
+* **catch-up**: a replica joins a running job whose state is ``state`` bytes; the joiner's
+  catch-up (allgather of the steps, header, payload, SHA-256 both ends, loading) against a plain
+  broadcast of the same bytes over a group of the same members (the wire as the sockets give it
+  here), and against the time the bytes take at 1 Gbit/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from typing import List, Optional
+
+import numpy as np
+
+from commlib.units import format_bytes, parse_size
+
+__all__ = ["main"]
+
+_BLOCK = 5  # steps of one kind before switching to the other
+
+
+class _RawCodec:
+    """The bench's state is one byte array: encoded as its bytes, nothing else."""
+
+    @staticmethod
+    def encode(objects) -> bytes:
+        return objects["model"].tobytes()
+
+    @staticmethod
+    def decode(data: bytes):
+        return {"model": np.frombuffer(data, np.uint8)}
+
+
+def _steady_replica(rank: int, size: int, port: int, nbytes: int, rounds: int, compute_s: float, queue) -> None:
+    """Alternate blocks of plain and fault-tolerant steps in one process, so the machine's load
+    drifts over both alike."""
+    import dataclasses
+
+    from commlib.config import load_config
+    from commlib.ft import Manager
+    from commlib.runtime import group_over_store
+
+    manager = Manager(f"127.0.0.1:{port}", f"r{rank}", timeout=120)
+    manager.start_step()  # the quorum first, then the plain group over the same store
+    config = dataclasses.replace(load_config(), shm=False, crash_witness=False)
+    plain = group_over_store(manager.store, rank, size, timeout=120, name="plain", prefix="bench/plain",
+                             config=config)
+    grads = np.ones(nbytes // 4, np.float32)
+    times: dict = {"plain": [], "ft": []}
+    for _ in range(rounds):
+        for _ in range(_BLOCK):
+            started = time.perf_counter()
+            time.sleep(compute_s)
+            plain.allreduce(grads, algorithm="ring")
+            np.divide(grads, np.float32(size), out=grads)
+            times["plain"].append(time.perf_counter() - started)
+        for _ in range(_BLOCK):
+            started = time.perf_counter()
+            manager.start_step()
+            time.sleep(compute_s)
+            manager.allreduce_average(grads)
+            if manager.should_commit():
+                times["ft"].append(time.perf_counter() - started)
+    plain.close()
+    queue.put(("steady", rank, times))
+    manager.close()
+
+
+def _ft_replica(rank: int, port: int, state_bytes: int, steps: int, hold: Optional[str], queue) -> None:
+    from commlib.ft import Manager, keys
+
+    manager = Manager(f"127.0.0.1:{port}", f"r{rank}", timeout=120)
+    state = {"model": np.full(state_bytes, rank + 1, np.uint8)}
+    manager.codec = _RawCodec()
+    manager.register_state("model", lambda: state["model"], lambda loaded: state.update(model=loaded))
+    grads = np.ones(1024, np.float32)
+    while manager.steps < steps:
+        if hold and manager.steps == steps // 2:
+            # The joiner enters a running job: wait until it is there and this replica's heartbeat
+            # has seen the epoch close for it (so the next step is the epoch's last).
+            while not (os.path.exists(hold) and manager.heartbeat.watched(keys.closed(manager.epoch))):
+                time.sleep(0.01)
+        manager.start_step()
+        manager.allreduce_average(grads)
+        manager.should_commit()
+    catch_ups = [event for event in manager.events if event["kind"] == "quorum" and event["catch_up_bytes"]]
+    queue.put(("ft", rank, [], catch_ups, bool(np.all(state["model"] == 1))))
+    manager.close()
+
+
+def _broadcast_replica(rank: int, size: int, port: int, nbytes: int, repeats: int, queue) -> None:
+    import dataclasses
+
+    from commlib.config import load_config
+    from commlib.rendezvous import TCPStore
+    from commlib.runtime import group_over_store
+
+    store = TCPStore("127.0.0.1", port, None, timeout=120)
+    config = dataclasses.replace(load_config(), shm=False, crash_witness=False)
+    group = group_over_store(store, rank, size, timeout=120, name="bcast", prefix="bench/bcast", config=config)
+    buffer = np.zeros(nbytes, np.uint8)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        group.broadcast(buffer, root=0)
+        times.append(time.perf_counter() - started)
+    group.close()
+    store.close()
+    queue.put(("bcast", rank, times))
+
+
+def _collect(queue, processes, count: int, timeout: float) -> List[tuple]:
+    results = [queue.get(timeout=timeout) for _ in range(count)]
+    for process in processes:
+        process.join(timeout)
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=8, help=f"blocks of {_BLOCK} plain and {_BLOCK} ft steps")
+    parser.add_argument("--bytes", default="4M", help="gradient bytes per step")
+    parser.add_argument("--compute-ms", type=float, default=20.0, help="emulated compute per step")
+    parser.add_argument("--state", default="100M", help="state bytes a joiner catches up")
+    parser.add_argument("--json", help="write the tables as commlib-bench/1 records: PATH-steady.json, "
+                                       "PATH-catchup.json")
+    args = parser.parse_args(argv)
+    from commlib.ft.coordinator import Coordinator
+    from commlib.rendezvous import TCPStoreServer
+
+    nbytes, state_bytes, compute_s = parse_size(args.bytes), parse_size(args.state), args.compute_ms / 1e3
+    context = multiprocessing.get_context("spawn")
+    os.environ["MPI4PY_RC_INITIALIZE"] = "0"
+    queue = context.Queue()
+    timeout = 600.0
+
+    coordinator = Coordinator("127.0.0.1", 0, initial_replicas=args.replicas, grace=0.0).start()
+    processes = [context.Process(target=_steady_replica, args=(rank, args.replicas, coordinator.port, nbytes,
+                                                               args.rounds, compute_s, queue))
+                 for rank in range(args.replicas)]
+    for process in processes:
+        process.start()
+    steady = _collect(queue, processes, args.replicas, timeout)
+    coordinator.close()
+
+    def median_ms(kind: str) -> float:  # the first block of each kind warms up
+        return 1e3 * statistics.median(t for result in steady for t in result[2][kind][_BLOCK:])
+
+    plain_ms, ft_ms = median_ms("plain"), median_ms("ft")
+    steps = (args.rounds - 1) * _BLOCK
+    print(f"# steady state: {args.replicas} replicas, {format_bytes(nbytes)} gradient, {args.compute_ms:g} ms "
+          f"compute (sleep), sockets on loopback, median over {steps} steps x replicas of each kind, interleaved")
+    print(f"{'replicas':>8} {'bytes':>10} {'compute_ms':>10} {'plain_ms':>9} {'ft_ms':>9} {'ft/plain':>8}")
+    print(f"{args.replicas:>8} {nbytes:>10} {args.compute_ms:>10.1f} {plain_ms:>9.2f} {ft_ms:>9.2f} "
+          f"{ft_ms / plain_ms:>8.3f}")
+
+    # Catch-up: replicas - 1 train; at half the steps they hold until the joiner heartbeats.
+    hold = f"/tmp/commlib-ft-bench-{os.getpid()}.hold"
+    coordinator = Coordinator("127.0.0.1", 0, initial_replicas=args.replicas - 1, grace=0.0).start()
+    processes = [context.Process(target=_ft_replica, args=(rank, coordinator.port, state_bytes, 20, hold, queue))
+                 for rank in range(args.replicas - 1)]
+    for process in processes:
+        process.start()
+    while len(coordinator.quorums) < 1:
+        time.sleep(0.05)
+    joiner = context.Process(target=_ft_replica, args=(args.replicas - 1, coordinator.port, state_bytes, 20, None,
+                                                       queue))
+    joiner.start()
+    while len(coordinator.replicas) < args.replicas:
+        time.sleep(0.05)
+    open(hold, "w").close()
+    joined = _collect(queue, processes + [joiner], args.replicas, timeout)
+    os.unlink(hold)
+    coordinator.close()
+    by_rank = {result[1]: result for result in joined}
+    transfers = by_rank[args.replicas - 1][3]
+    caught = by_rank[args.replicas - 1][4]
+    catch_up_s = transfers[0]["transfer_s"] if transfers else float("nan")
+
+    server = TCPStoreServer("127.0.0.1", 0).start()
+    processes = [context.Process(target=_broadcast_replica, args=(rank, args.replicas, server.port, state_bytes, 3,
+                                                                  queue)) for rank in range(args.replicas)]
+    for process in processes:
+        process.start()
+    bcast = _collect(queue, processes, args.replicas, timeout)
+    server.close()
+    bcast_s = statistics.median(max(result[2][repeat] for result in bcast) for repeat in range(3))
+    wire_s = state_bytes * 8 / 1e9
+    print(f"\n# catch-up: a joiner takes {format_bytes(state_bytes)} from a live peer ({args.replicas} members); "
+          f"plain broadcast of the same bytes, same members, same sockets; the state arrived intact: {caught}")
+    print(f"{'bytes':>10} {'catchup_s':>9} {'bcast_s':>8} {'catchup/bcast':>13} {'1Gbit_s':>8} {'catchup/1Gbit':>13}")
+    print(f"{state_bytes:>10} {catch_up_s:>9.3f} {bcast_s:>8.3f} {catch_up_s / bcast_s:>13.2f} {wire_s:>8.3f} "
+          f"{catch_up_s / wire_s:>13.2f}")
+    if args.json:
+        from commlib.bench.record import bench_record, write_record
+
+        command = "python -m commlib.ft.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        steady_record = bench_record(
+            "commlib.ft.bench", argv=[], world_size=args.replicas,
+            columns=["replicas", "bytes", "compute_ms", "plain_ms", "ft_ms", "ft/plain"],
+            rows=[{"replicas": args.replicas, "bytes": nbytes, "compute_ms": args.compute_ms, "plain_ms": plain_ms,
+                   "ft_ms": ft_ms, "ft/plain": ft_ms / plain_ms}],
+            notes="steady state; compute emulated by a sleep; sockets on loopback")
+        catch = bench_record("commlib.ft.bench", argv=[], world_size=args.replicas,
+                             columns=["bytes", "catchup_s", "bcast_s", "catchup/bcast", "1Gbit_s", "catchup/1Gbit"],
+                             rows=[{"bytes": state_bytes, "catchup_s": catch_up_s, "bcast_s": bcast_s,
+                                    "catchup/bcast": catch_up_s / bcast_s, "1Gbit_s": wire_s,
+                                    "catchup/1Gbit": catch_up_s / wire_s}],
+                             notes="a joiner's catch-up from a live peer; sockets on loopback")
+        for record, suffix in ((steady_record, "steady"), (catch, "catchup")):
+            record["command"] = command
+            write_record(f"{args.json}-{suffix}.json", record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

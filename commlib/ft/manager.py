@@ -1,0 +1,364 @@
+"""``Manager``: one replica's side of fault-tolerant data parallelism.
+
+A replica trains in *quorum epochs*. An epoch ``E`` is a member set the coordinator published
+(:mod:`commlib.ft.coordinator`); its members build a cross-replica group over sockets under a
+store prefix of their own (``ft/e<E>/pg``, so no message of an earlier group can reach it),
+catch up from the most advanced member (:mod:`commlib.ft.catchup`), then run steps until the
+epoch ends. A step:
+
+1. the gradients are averaged over the members (:meth:`Manager.allreduce_average`); an error
+   (a peer exited, a timeout) is kept, not raised;
+2. :meth:`Manager.should_commit` votes: one more allreduce, of two integers per member (did my
+   allreduce fail; has the coordinator closed the epoch). A member that completes the vote holds
+   every member's ballot, so it knows that every member finished its gradient allreduce (or
+   said it failed): it commits when no ballot says failed, discards otherwise, and all members
+   that complete the vote decide alike. The coordinator is not on a step's path at all.
+3. commit: the optimizer steps and the ledger moves the data position on. Discard: nothing is
+   applied, the epoch is left, and the step is redone by the next quorum (with the survivors:
+   the lost replica's samples are theirs now). Commit-last: applied, and the epoch ends there
+   (a replica is joining: it then catches up; no step is redone for it).
+
+A member whose vote fails (a peer died during it) cannot know what the others decided: it
+applies nothing and counts itself *behind*. It leaves the epoch (which then ends for everyone at
+their next step), and if another member did commit, the catch-up of the next quorum brings that
+state here; if none did, all redo the step. No member ever applies a partial average.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from commlib.config import load_config
+from commlib.errors import CommError, CommTimeoutError, InvalidUsageError
+from commlib.ft import keys
+from commlib.ft.catchup import CatchUp, catch_up
+from commlib.ft.heartbeat import HeartbeatThread
+from commlib.ft.sampling import Ledger, share_weight, shares
+from commlib.rendezvous.secret import JobSecret
+from commlib.rendezvous.tcp_store import TCPStore
+from commlib.runtime import group_over_store
+
+if TYPE_CHECKING:
+    from commlib.group.process_group import ProcessGroup
+
+__all__ = ["Manager", "finish_average", "COMMIT", "COMMIT_LAST", "ABORT"]
+
+#: A step's outcomes: committed (the epoch goes on), committed and the epoch's last, discarded.
+COMMIT, COMMIT_LAST, ABORT = "commit", "commit-last", "abort"
+
+def finish_average(flat: np.ndarray, members: int) -> None:
+    """The sum over ``members`` becomes their mean, in place (what a reference replay does too)."""
+    if members > 1:
+        np.divide(flat, flat.dtype.type(members), out=flat)
+
+
+def _address(coordinator: str) -> Tuple[str, int]:
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit():
+        raise InvalidUsageError(f"Manager: coordinator must be HOST:PORT, got {coordinator!r}")
+    return host.strip("[]"), int(port)
+
+
+class Manager:
+    """This replica's membership, steps and state (see the module docstring).
+
+    ``coordinator``: ``HOST:PORT`` of ``python -m commlib.ft.coordinator``; ``replica_id``: unique
+    in the job and stable across restarts of the replica (default: host name and pid).
+    ``timeout`` bounds each collective of a cross-replica group (a peer that stops answering
+    without exiting is found by it; one that exits, within a second) and building one;
+    ``connect_timeout`` how long a replica waits for a (restarted) coordinator.
+    ``algorithm``: the allreduce of the gradients (a fixed one, so a replay of the same member
+    sets is bitwise the same; ring by default).
+    """
+
+    def __init__(self, coordinator: str, replica_id: Optional[str] = None, *, secret: Optional[JobSecret] = None,
+                 heartbeat_interval: float = 0.1, timeout: float = 60.0,
+                 connect_timeout: float = 120.0, join_timeout: float = 600.0, algorithm: str = "ring"):
+        self.host, self.port = _address(coordinator)
+        self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        if "/" in self.replica_id or not self.replica_id:
+            raise InvalidUsageError(f"Manager: replica_id must be a non-empty name without '/', got {replica_id!r}")
+        self.secret = secret
+        self.timeout = float(timeout)
+        self.connect_timeout, self.join_timeout = float(connect_timeout), float(join_timeout)
+        self.algorithm = algorithm
+        # Replicas stand for hosts: their group talks over sockets only, and a killed replica
+        # leaves no shared memory behind.
+        self.group_config = dataclasses.replace(load_config(), shm=False, crash_witness=False)
+        self.ledger = Ledger()
+        self.states: Dict[str, Tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+        self.codec: Any = None
+        self.gradient_hooks: List[Callable[[], None]] = []
+        self.events: List[dict] = []
+        self.group: Optional[ProcessGroup] = None
+        self.quorum: Optional[keys.Quorum] = None
+        self.epoch = -1
+        self.step_open = False
+        self.failure: Optional[BaseException] = None
+        self.last_catch_up: Optional[CatchUp] = None
+        self.last_committed = False
+        self._latest_seen = -1
+        self._beat_state: Tuple[str, int, int] = (keys.WAITING, -1, 0)
+        self._store = self._connect(self.connect_timeout)
+        self.heartbeat = HeartbeatThread(self.replica_id, lambda: self._connect(1.0), lambda: self._beat_state,
+                                         heartbeat_interval).start()
+
+    # -- what users read -----------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Steps committed so far (the job's step number)."""
+        return len(self.ledger.steps)
+
+    @property
+    def members(self) -> List[str]:
+        return list(self.quorum.members) if self.quorum is not None else []
+
+    @property
+    def rank(self) -> int:
+        """This replica's rank in the current quorum (starts the step first)."""
+        self.start_step()
+        assert self.quorum is not None
+        rank = self.quorum.rank_of(self.replica_id)
+        assert rank is not None
+        return rank
+
+    def summary(self) -> dict:
+        return self.ledger.summary()
+
+    @property
+    def store(self) -> TCPStore:
+        """This replica's connection to the coordinator's store (the main thread's; it changes
+        when the coordinator restarts). Other groups may meet through it under prefixes outside ``ft/``."""
+        return self._store
+
+    # -- state and data ------------------------------------------------------------------------
+    def register_state(self, name: str, save: Callable[[], Any], load: Callable[[Any], None]) -> None:
+        """State a joiner receives: ``save()`` on the source, ``load(obj)`` on the joiner (objects
+        pass through :attr:`codec`: an ``encode(obj) -> bytes`` / ``decode(bytes)`` pair)."""
+        if name in self.states:
+            raise InvalidUsageError(f"Manager.register_state: {name!r} is registered already")
+        self.states[name] = (save, load)
+
+    def configure_data(self, dataset_size: int, batch_size: int, seed: int = 0) -> None:
+        """Sample accounting over ``dataset_size`` samples, ``batch_size`` per replica per step
+        (a joiner's settings come from its source with the data position)."""
+        if dataset_size < 1 or batch_size < 1:
+            raise InvalidUsageError(f"Manager.configure_data: dataset_size {dataset_size} and batch_size "
+                                    f"{batch_size} must be >= 1")
+        if not self.ledger.configured:
+            self.ledger.dataset_size, self.ledger.batch_size, self.ledger.seed = dataset_size, batch_size, seed
+
+    def batch_indices(self) -> np.ndarray:
+        """This replica's sample indices for the step in progress (see :mod:`commlib.ft.sampling`)."""
+        self.start_step()
+        return self.ledger.indices(self.rank, len(self.members))
+
+    def gradient_weight(self) -> float:
+        """What this replica's mean gradient is scaled by before the average (1.0: equal shares)."""
+        self.start_step()
+        if not self.ledger.configured:
+            return 1.0
+        members = len(self.members)
+        global_batch = self.ledger.plan(members)
+        return share_weight(len(shares(global_batch, members)[self.rank]), global_batch, members)
+
+    def optimizer(self, optim):
+        """``optim`` wrapped: ``zero_grad`` starts a step, ``step`` commits it or discards it."""
+        from commlib.ft.optimizer import OptimizerWrapper
+
+        return OptimizerWrapper(self, optim)
+
+    # -- a step --------------------------------------------------------------------------------
+    def start_step(self) -> None:
+        """Join a quorum if this replica has none, and open the next step. Idempotent within a step."""
+        if self.step_open:
+            return
+        while True:
+            while self.group is None:
+                self._join_quorum()
+            if not self._epoch_lost():
+                break
+        self.step_open = True
+        self.failure = None
+        self._beat_state = (keys.TRAINING, self.epoch, self.steps)
+
+    def allreduce_average(self, flat: np.ndarray, weight: float = 1.0) -> None:
+        """``flat`` (in place) becomes the members' (weighted) mean; a failure is kept for
+        :meth:`should_commit`, never raised (the step is then discarded everywhere)."""
+        self.start_step()
+        if self.failure is not None:
+            return
+        if weight != 1.0:
+            np.multiply(flat, flat.dtype.type(weight), out=flat)
+        group = self.group
+        assert group is not None
+        try:
+            if group.size > 1:
+                group.allreduce(flat, algorithm=self.algorithm)
+            finish_average(flat, group.size)
+        except CommError as error:
+            self.failure = error
+            self._event("allreduce-failed", error=str(error)[:300])
+
+    def should_commit(self) -> bool:
+        """Whether the step commits (see the module docstring); after it, the step is closed."""
+        if not self.step_open:
+            raise InvalidUsageError("Manager.should_commit: no step is open (call start_step first)")
+        for hook in self.gradient_hooks:
+            hook()
+        epoch, step, members, group = self.epoch, self.steps, self.members, self.group
+        assert group is not None
+        closing = bool(self.heartbeat.watched(keys.closed(epoch)))
+        ballot = np.array([self.failure is not None, closing], np.int64)
+        result: Optional[str] = None
+        try:
+            if group.size > 1:
+                group.allreduce(ballot, algorithm=self.algorithm)
+            result = ABORT if ballot[0] else COMMIT_LAST if ballot[1] else COMMIT
+        except CommError as error:
+            self._event("vote-failed", step=step, error=str(error)[:300])
+        self.step_open = False
+        committed = result in (COMMIT, COMMIT_LAST)
+        if committed:
+            record = self.ledger.commit(epoch, members)
+            self._event("commit", step=record.step, members=members, global_batch=record.global_batch,
+                        last=result == COMMIT_LAST)
+        else:
+            self._event("abort" if result else "outcome-unknown", step=step, members=members)
+        if result != COMMIT:
+            if result != COMMIT_LAST:
+                self._close_epoch(epoch, f"{self.replica_id}: step {step} {'discarded' if result else 'undecided'}: "
+                                         f"{self.failure}")
+            self._leave_epoch()
+        self._beat_state = (keys.TRAINING if self.group is not None else keys.WAITING, self.epoch, self.steps)
+        self.last_committed = committed
+        return committed
+
+    def close(self) -> None:
+        """Leave the job: the coordinator drops this replica at once (no heartbeat timeout)."""
+        self._beat_state = (keys.LEFT, self.epoch, self.steps)
+        self.heartbeat.stop(final_state=keys.LEFT)
+        self._leave_epoch()
+        self._store.close()
+
+    # -- inside --------------------------------------------------------------------------------
+    def _connect(self, connect_timeout: float) -> TCPStore:
+        """A store connection, retried until ``connect_timeout``: a coordinator that is starting
+        (or going) may accept a connection and reset it during the handshake."""
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                return TCPStore(self.host, self.port, self.secret, timeout=max(self.timeout, 10.0),
+                                connect_timeout=max(0.1, deadline - time.monotonic()))
+            except CommError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _store_lost(self, error: BaseException) -> None:
+        self._event("coordinator-lost", error=str(error)[:300])
+        self._store.close()
+        self._store = self._connect(self.connect_timeout)
+        self._latest_seen = -1  # a restarted coordinator numbers its epochs above ours, from its own store
+
+    def _event(self, kind: str, **details) -> None:
+        self.events.append({"t": time.time(), "kind": kind, "replica": self.replica_id, "epoch": self.epoch,
+                            **details})
+
+    def _close_epoch(self, epoch: int, reason: str) -> None:
+        """Tell the coordinator that ``epoch`` is over (the first reason stays)."""
+        try:
+            self._store.compare_set(keys.closed(epoch), "", reason[:500])
+        except CommError as error:
+            self._store_lost(error)
+
+    def _epoch_lost(self) -> bool:
+        """Before a step: leave an epoch that is closed for any reason but a joiner (a member was
+        lost: its allreduce could only fail; or the coordinator restarted)."""
+        reason = self.heartbeat.watched(keys.closed(self.epoch))
+        if not reason or reason.startswith(keys.JOIN_PREFIX):
+            return False
+        self._event("epoch-closed", step=self.steps, reason=reason)
+        self._leave_epoch()
+        return True
+
+    def _leave_epoch(self) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            try:
+                group.close()
+            except CommError:
+                pass
+        self._beat_state = (keys.WAITING, self.epoch, self.steps)
+
+    def _join_quorum(self) -> None:
+        deadline = time.monotonic() + self.join_timeout
+        self._beat_state = (keys.WAITING, self.epoch, self.steps)
+        while time.monotonic() < deadline:
+            try:
+                latest = int(self._store.get(keys.LATEST, 0.2))
+                if latest <= self._latest_seen:
+                    time.sleep(0.02)
+                    continue
+                self._latest_seen = latest
+                quorum = keys.Quorum.decode(self._store.get(keys.quorum(latest), 5.0))
+            except CommTimeoutError:
+                continue
+            except CommError as error:
+                self._store_lost(error)
+                continue
+            rank = quorum.rank_of(self.replica_id)
+            if rank is None:
+                continue
+            if self._enter(quorum, rank):
+                return
+        raise CommTimeoutError(f"replica {self.replica_id}: no quorum took it within {self.join_timeout:g} s "
+                               f"(coordinator {self.host}:{self.port})")
+
+    def _enter(self, quorum: keys.Quorum, rank: int) -> bool:
+        started = time.perf_counter()
+        group = None
+        try:
+            group = group_over_store(self._store, rank, len(quorum.members), timeout=self.timeout,
+                                     name=f"ft-e{quorum.epoch}", prefix=keys.group_prefix(quorum.epoch),
+                                     config=self.group_config)
+            self.last_catch_up = catch_up(group, self.steps, self._save, self._load)
+        except CommError as error:
+            self._event("enter-failed", joining=quorum.epoch, error=str(error)[:300])
+            if group is not None:
+                group.close()
+            try:
+                self._store.compare_set(keys.closed(quorum.epoch), "",
+                                        f"{self.replica_id} could not enter: {error}"[:500])
+            except CommError as lost:
+                self._store_lost(lost)
+            return False
+        self.group, self.quorum, self.epoch = group, quorum, quorum.epoch
+        self.heartbeat.watch(keys.closed(quorum.epoch))
+        self._event("quorum", members=quorum.members, rank=rank, reason=quorum.reason,
+                    setup_s=time.perf_counter() - started, catch_up_bytes=self.last_catch_up.nbytes,
+                    catch_up_s=self.last_catch_up.seconds, transfer_s=self.last_catch_up.transfer_seconds,
+                    behind=self.last_catch_up.behind)
+        return True
+
+    def _save(self) -> Tuple[dict, bytes]:
+        payload = b""
+        if self.states:
+            if self.codec is None:
+                raise InvalidUsageError("Manager: states are registered but no codec encodes them")
+            payload = self.codec.encode({name: save() for name, (save, _) in self.states.items()})
+        return self.ledger.to_json(), payload
+
+    def _load(self, ledger: dict, payload: bytes) -> None:
+        self.ledger = Ledger.from_json(ledger)
+        if payload:
+            objects = self.codec.decode(payload)
+            for name, (_, load) in self.states.items():
+                load(objects[name])
+        self._event("caught-up", steps=self.steps, bytes=len(payload))

@@ -1,0 +1,93 @@
+"""One replica of a fault-tolerant training run (started by tests/ft/test_fault_tolerance.py).
+
+    python tests/ft/fault_tolerance_ranks.py --coordinator 127.0.0.1:29600 --id r0 --steps 20 --out r0.pt
+
+It trains :func:`tests.support.ft_training.build` on its share of each step, ``--die-at STEP:POINT``
+SIGKILLs itself when it reaches that step (POINT: ``forward`` before its forward pass,
+``allreduce`` once its allreduce is done but before it votes), and it writes its final
+parameters, ledger and events to ``--out``.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+from commlib.ft import Manager, keys
+from ddp import FaultTolerantDDP
+from tests.support import ft_training
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--coordinator", required=True)
+    parser.add_argument("--id", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--die-at", default="")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--progress", default="")
+    parser.add_argument("--ready", default="", help="a file written once the replica is heartbeating")
+    parser.add_argument("--hold", action="append", default=[], metavar="STEP:FILE",
+                        help="before step STEP, wait until FILE exists (repeatable)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    die_step, _, die_point = args.die_at.partition(":")
+    die_step = int(die_step) if die_step else -1
+
+    def maybe_die(point: str) -> None:
+        if manager.steps == die_step and point == die_point:
+            print(f"{args.id}: SIGKILL at step {manager.steps} ({point})", flush=True)
+            if args.ready:
+                with open(args.ready.replace(".ready", ".died"), "w") as handle:
+                    handle.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    manager = Manager(args.coordinator, args.id, timeout=30.0, heartbeat_interval=0.1)
+    if args.ready:
+        open(args.ready, "w").close()
+    manager.configure_data(ft_training.DATASET_SIZE, ft_training.BATCH_SIZE, ft_training.SEED)
+    net, inputs, targets = ft_training.build()
+    model = FaultTolerantDDP(net, manager)
+    optimizer = manager.optimizer(ft_training.optimizer(model.parameters()))
+    if die_point == "allreduce":
+        manager.gradient_hooks.append(lambda: maybe_die("allreduce"))
+    shown = 0
+    while manager.steps < args.steps:
+        for hold in args.hold:
+            step, _, gate = hold.partition(":")
+            # A hold ends once its gate exists and this replica's heartbeat has seen the epoch
+            # close that the gate announces (a joiner, a restarted coordinator): the next step is
+            # then this epoch's last, however fast the steps are.
+            while manager.steps == int(step) and not (
+                    os.path.exists(gate) and manager.heartbeat.watched(keys.closed(manager.epoch))):
+                time.sleep(0.01)
+        optimizer.zero_grad()
+        indices = torch.from_numpy(manager.batch_indices())
+        maybe_die("forward")
+        loss = ft_training.loss(model(inputs[indices]), targets[indices])
+        loss.backward()
+        optimizer.step()
+        if os.environ.get("FT_VERBOSE"):
+            for event in manager.events[shown:]:
+                print(f"{args.id}: {time.time() - event['t']:.3f} s ago: {event}", flush=True)
+            shown = len(manager.events)
+        if args.progress:
+            with open(args.progress, "w") as handle:
+                handle.write(str(manager.steps))
+    torch.save({"params": [p.detach().clone() for p in net.parameters()], "ledger": manager.ledger.to_json(),
+                "events": manager.events, "summary": manager.summary()}, args.out)
+    print(f"{args.id}: done at step {manager.steps}: {json.dumps(manager.summary()['members_per_step'])}",
+          flush=True)
+    started = time.monotonic()
+    manager.close()
+    if os.environ.get("FT_VERBOSE"):
+        print(f"{args.id}: closed in {time.monotonic() - started:.2f} s", flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The training of the fault-tolerance tests, and its replay without failures (the reference).
+
+:func:`build` gives every replica the same model and data (seeded); :func:`replay` trains one
+model through the committed steps of a run's ledger, computing each member's share and
+averaging the members' gradients with the same ring allreduce (its threads over the in-process
+transport run the same schedule as the sockets), so a run whose steps were committed as
+recorded ends bitwise where the replay ends.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import List, Tuple
+
+import numpy as np
+import torch
+
+from commlib.algorithms.allreduce.ring import allreduce_ring
+from commlib.ft import Ledger, finish_average
+from commlib.ft.sampling import permutation, share_weight, shares
+from commlib.ops import ReduceOp
+from commlib.transports.inprocess import InProcessWorld
+from ddp.fault_tolerant import flatten_gradients, unflatten_gradients
+
+__all__ = ["DATASET_SIZE", "BATCH_SIZE", "SEED", "build", "optimizer", "loss", "replay", "sample_counts"]
+
+DATASET_SIZE = 60
+BATCH_SIZE = 4
+SEED = 7
+
+
+def build() -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(SEED)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    generator = torch.Generator().manual_seed(SEED + 1)
+    inputs = torch.randn(DATASET_SIZE, 6, generator=generator)
+    targets = torch.randn(DATASET_SIZE, 2, generator=generator)
+    return net, inputs, targets
+
+
+def optimizer(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)  # momentum: optimizer state a joiner needs
+
+
+def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def replay(ledger_json: dict) -> List[torch.Tensor]:
+    """The parameters after the ledger's committed steps, trained without failures."""
+    torch.set_num_threads(1)
+    ledger = Ledger.from_json(ledger_json)
+    net, inputs, targets = build()
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = optimizer(net.parameters())
+    for record in ledger.steps:
+        members = len(record.members)
+        order = permutation(ledger.dataset_size, ledger.seed, record.data_epoch)
+        flats = []
+        for share in shares(record.global_batch, members):
+            opt.zero_grad()
+            indices = torch.from_numpy(order[record.cursor + share.start:record.cursor + share.stop])
+            loss(net(inputs[indices]), targets[indices]).backward()
+            flat = flatten_gradients(params).numpy().copy()
+            weight = share_weight(len(share), record.global_batch, members)
+            if weight != 1.0:
+                np.multiply(flat, flat.dtype.type(weight), out=flat)
+            flats.append(flat)
+        if members > 1:
+            InProcessWorld(members, timeout=60).run(functools.partial(_ring_sum, flats))
+        finish_average(flats[0], members)
+        unflatten_gradients(params, torch.from_numpy(flats[0]))
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def _ring_sum(buffers: List[np.ndarray], transport) -> None:
+    allreduce_ring(transport, buffers[transport.rank], ReduceOp.SUM)
+
+
+def sample_counts(ledger_json: dict) -> dict:
+    """{data epoch: array of how many times each sample was trained} over the committed steps."""
+    ledger = Ledger.from_json(ledger_json)
+    counts: dict = {}
+    for record in ledger.steps:
+        order = permutation(ledger.dataset_size, ledger.seed, record.data_epoch)
+        seen = counts.setdefault(record.data_epoch, np.zeros(ledger.dataset_size, np.int64))
+        np.add.at(seen, order[record.cursor:record.cursor + record.global_batch], 1)
+    return counts

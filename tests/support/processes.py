@@ -1,0 +1,52 @@
+"""Ending a launched job for good: every process below the launcher killed, and its output
+collected with a bound, so a hung test fails instead of stalling the session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Dict, List
+
+__all__ = ["kill_tree", "collect_after_kill"]
+
+
+def _descendants(pid: int) -> List[int]:
+    """Every live process below ``pid`` (read from /proc): torchrun starts its workers in sessions
+    of their own, so killing a launcher's process group alone can leave them holding our pipe."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found.extend(below)
+        frontier.extend(below)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``, its process group and every process below it."""
+    for victim in [pid, *_descendants(pid)]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(victim, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def collect_after_kill(process: subprocess.Popen) -> str:
+    """What a killed process (tree) printed; bounded even if something still holds the pipe."""
+    try:
+        output, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output = "(output lost: the pipe stayed open after the kill)"
+    return output or ""
