@@ -26,13 +26,13 @@ class TorchCodec:
     """State objects (state dicts) to bytes and back, loading tensors and containers only."""
 
     @staticmethod
-    def encode(obj) -> bytes:
+    def encode(obj) -> memoryview:
         buffer = io.BytesIO()
         torch.save(obj, buffer)
-        return buffer.getvalue()
+        return buffer.getbuffer()  # the bytes in place, writable: the catch-up sends from them
 
     @staticmethod
-    def decode(data: bytes):
+    def decode(data) -> dict:
         return torch.load(io.BytesIO(data), weights_only=True)
 
 

@@ -13,6 +13,12 @@ Two tables, processes on this host over the socket transport (loopback):
   catch-up (allgather of the steps, header, payload, SHA-256 both ends, loading) against a plain
   broadcast of the same bytes over a group of the same members (the wire as the sockets give it
   here), and against the time the bytes take at 1 Gbit/s.
+
+With ``--hosts N --rate 1gbit`` (root: :mod:`commlib.cluster` makes the hosts) it measures the
+catch-up across namespaced hosts instead, one member per host, each link shaped to ``rate``:
+every repeat builds a fresh group (as a quorum does), the last host catches up from the first
+(:func:`commlib.ft.catchup.catch_up`, the transfer only: no coordinator), then the same bytes
+are broadcast over that group, against the wire time at ``rate``.
 """
 
 from __future__ import annotations
@@ -38,12 +44,12 @@ class _RawCodec:
     """The bench's state is one byte array: encoded as its bytes, nothing else."""
 
     @staticmethod
-    def encode(objects) -> bytes:
-        return objects["model"].tobytes()
+    def encode(objects) -> memoryview:
+        return memoryview(objects["model"])
 
     @staticmethod
-    def decode(data: bytes):
-        return {"model": np.frombuffer(data, np.uint8)}
+    def decode(data) -> dict:
+        return {"model": np.frombuffer(data, np.uint8)}  # the received buffer itself
 
 
 def _steady_replica(rank: int, size: int, port: int, nbytes: int, rounds: int, compute_s: float, queue) -> None:
@@ -124,6 +130,93 @@ def _broadcast_replica(rank: int, size: int, port: int, nbytes: int, repeats: in
     queue.put(("bcast", rank, times))
 
 
+def _hosts_member(rank: int, size: int, store_address: str, state_bytes: int, repeats: int) -> None:
+    """One member of the cross-host catch-up (``--member``): prints its times as one JSON line."""
+    import dataclasses
+    import json
+
+    from commlib.config import load_config
+    from commlib.ft.catchup import catch_up
+    from commlib.rendezvous import TCPStore, TCPStoreServer
+    from commlib.runtime import group_over_store
+
+    host, port = store_address.rsplit(":", 1)
+    server = TCPStoreServer("0.0.0.0", int(port)).start() if rank == 0 else None
+    store = TCPStore(host, int(port), None, timeout=120)
+    # the hosts' link, not loopback or the switch's other addresses (see commlib.cluster)
+    config = dataclasses.replace(load_config(), shm=False, crash_witness=False, socket_interface="eth0")
+    state = np.full(state_bytes, 1 if rank < size - 1 else 0, np.uint8)
+    received: dict = {}
+    times: dict = {"catchup": [], "bcast": []}
+    for repeat in range(repeats):
+        group = group_over_store(store, rank, size, timeout=120, name=f"catchup{repeat}",
+                                 prefix=f"bench/hosts/{repeat}", config=config)
+        steps = 1 if rank == size - 1 else 2
+        result = catch_up(group, steps, lambda: ({}, state.data),
+                          lambda ledger, payload: received.update(ok=bool(np.all(np.frombuffer(payload, np.uint8)))))
+        times["catchup"].append(result.transfer_seconds)
+        group.barrier()
+        started = time.perf_counter()
+        group.broadcast(state, root=0)
+        times["bcast"].append(time.perf_counter() - started)
+        group.close()
+    store.close()
+    print(json.dumps({"rank": rank, "times": times, "intact": received.get("ok", rank != size - 1)}), flush=True)
+    if server is not None:
+        time.sleep(1.0)  # the others' last requests
+        server.close()
+
+
+def _across_hosts(args, state_bytes: int) -> int:
+    import json
+    import subprocess
+
+    from commlib.cluster import Cluster
+    from commlib.cluster.state import parse_rate
+
+    repeats, timeout = 5, 600.0
+    with Cluster(args.hosts, rate=args.rate) as cluster:
+        store = f"{cluster.addresses[0]}:29640"
+        env = dict(os.environ, MPI4PY_RC_INITIALIZE="0")
+        members = [cluster.popen(host, [sys.executable, "-m", "commlib.ft.bench", "--member", str(rank),
+                                        "--hosts", str(args.hosts), "--store", store, "--state", args.state,
+                                        "--repeats", str(repeats)],
+                                 stdout=subprocess.PIPE, text=True, env=env)
+                   for rank, host in enumerate(cluster.hostnames)]
+        outputs = [member.communicate(timeout=timeout)[0] for member in members]
+    if any(member.returncode for member in members):
+        sys.stderr.write("\n".join(outputs))
+        return 1
+    results = [json.loads(output.strip().splitlines()[-1]) for output in outputs]
+
+    def slowest(kind: str) -> List[float]:  # per repeat, the member that finished last
+        return [max(result["times"][kind][repeat] for result in results) for repeat in range(repeats)]
+
+    catch_s = statistics.median(results[-1]["times"]["catchup"])
+    bcast_s = statistics.median(slowest("bcast"))
+    wire_s = state_bytes * 8 / parse_rate(args.rate)
+    intact = all(result["intact"] for result in results)
+    print(f"# catch-up across {args.hosts} namespaced hosts, links shaped to {args.rate} (tc tbf), one member each: "
+          f"the last host takes {format_bytes(state_bytes)} from the first, in a fresh group; then a plain "
+          f"broadcast of the same bytes over that group; medians of {repeats}; the state arrived intact: {intact}")
+    print(f"{'bytes':>10} {'catchup_s':>9} {'bcast_s':>8} {'catchup/bcast':>13} {'wire_s':>8} {'catchup/wire':>12}")
+    print(f"{state_bytes:>10} {catch_s:>9.3f} {bcast_s:>8.3f} {catch_s / bcast_s:>13.2f} {wire_s:>8.3f} "
+          f"{catch_s / wire_s:>12.2f}")
+    if args.json:
+        from commlib.bench.record import bench_record, write_record
+
+        record = bench_record("commlib.ft.bench", argv=[], world_size=args.hosts,
+                              columns=["bytes", "catchup_s", "bcast_s", "catchup/bcast", "wire_s", "catchup/wire"],
+                              rows=[{"bytes": state_bytes, "catchup_s": catch_s, "bcast_s": bcast_s,
+                                     "catchup/bcast": catch_s / bcast_s, "wire_s": wire_s,
+                                     "catchup/wire": catch_s / wire_s}],
+                              notes=f"{args.hosts} namespaced hosts, one member each, links shaped to {args.rate}; "
+                                    f"catch-up in a fresh group, then a broadcast in it; medians of {repeats}")
+        record["command"] = "python -m commlib.ft.bench " + " ".join(sys.argv[1:])
+        write_record(f"{args.json}-hosts.json", record)
+    return 0 if intact else 1
+
+
 def _collect(queue, processes, count: int, timeout: float) -> List[tuple]:
     results = [queue.get(timeout=timeout) for _ in range(count)]
     for process in processes:
@@ -140,7 +233,17 @@ def main(argv=None) -> int:
     parser.add_argument("--state", default="100M", help="state bytes a joiner catches up")
     parser.add_argument("--json", help="write the tables as commlib-bench/1 records: PATH-steady.json, "
                                        "PATH-catchup.json")
+    parser.add_argument("--hosts", type=int, help="measure the catch-up across this many namespaced hosts")
+    parser.add_argument("--rate", default="1gbit", help="with --hosts: every host's link (tc units)")
+    parser.add_argument("--member", type=int, help=argparse.SUPPRESS)  # one host's process of --hosts
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.member is not None:
+        _hosts_member(args.member, args.hosts, args.store, parse_size(args.state), args.repeats)
+        return 0
+    if args.hosts:
+        return _across_hosts(args, parse_size(args.state))
     from commlib.ft.coordinator import Coordinator
     from commlib.rendezvous import TCPStoreServer
 

@@ -37,7 +37,7 @@ import numpy as np
 from commlib.config import load_config
 from commlib.errors import CommError, CommTimeoutError, InvalidUsageError
 from commlib.ft import keys
-from commlib.ft.catchup import CatchUp, catch_up
+from commlib.ft.catchup import CatchUp, Payload, catch_up
 from commlib.ft.heartbeat import HeartbeatThread
 from commlib.ft.sampling import Ledger, share_weight, shares
 from commlib.rendezvous.secret import JobSecret
@@ -95,6 +95,9 @@ class Manager:
         self.states: Dict[str, Tuple[Callable[[], Any], Callable[[Any], None]]] = {}
         self.codec: Any = None
         self.gradient_hooks: List[Callable[[], None]] = []
+        # Called with a chunk's index each time this replica, the source of a catch-up, has
+        # sent one (a test's fault point: a source killed while a joiner takes its state).
+        self.catch_up_hooks: List[Callable[[int], None]] = []
         self.events: List[dict] = []
         self.group: Optional[ProcessGroup] = None
         self.quorum: Optional[keys.Quorum] = None
@@ -328,7 +331,7 @@ class Manager:
             group = group_over_store(self._store, rank, len(quorum.members), timeout=self.timeout,
                                      name=f"ft-e{quorum.epoch}", prefix=keys.group_prefix(quorum.epoch),
                                      config=self.group_config)
-            self.last_catch_up = catch_up(group, self.steps, self._save, self._load)
+            self.last_catch_up = catch_up(group, self.steps, self._save, self._load, chunk_sent=self._chunk_sent)
         except CommError as error:
             self._event("enter-failed", joining=quorum.epoch, error=str(error)[:300])
             if group is not None:
@@ -347,18 +350,22 @@ class Manager:
                     behind=self.last_catch_up.behind)
         return True
 
-    def _save(self) -> Tuple[dict, bytes]:
-        payload = b""
+    def _chunk_sent(self, index: int) -> None:
+        for hook in self.catch_up_hooks:
+            hook(index)
+
+    def _save(self) -> Tuple[dict, Payload]:
+        payload: Payload = b""
         if self.states:
             if self.codec is None:
                 raise InvalidUsageError("Manager: states are registered but no codec encodes them")
             payload = self.codec.encode({name: save() for name, (save, _) in self.states.items()})
         return self.ledger.to_json(), payload
 
-    def _load(self, ledger: dict, payload: bytes) -> None:
+    def _load(self, ledger: dict, payload: Payload) -> None:
         self.ledger = Ledger.from_json(ledger)
         if payload:
             objects = self.codec.decode(payload)
             for name, (_, load) in self.states.items():
                 load(objects[name])
-        self._event("caught-up", steps=self.steps, bytes=len(payload))
+        self._event("caught-up", steps=self.steps, bytes=memoryview(payload).nbytes)

@@ -4,8 +4,10 @@
 
 It trains :func:`tests.support.ft_training.build` on its share of each step, ``--die-at STEP:POINT``
 SIGKILLs itself when it reaches that step (POINT: ``forward`` before its forward pass,
-``allreduce`` once its allreduce is done but before it votes), and it writes its final
-parameters, ledger and events to ``--out``.
+``allreduce`` once its allreduce is done but before it votes, ``catchup`` once it has sent the
+second chunk of its state to a joiner; STEP ``*``: any step), and it writes its final
+parameters, ledger and events to ``--out``. ``--ballast-mib N`` adds N MiB to the state a
+joiner takes (every replica of a run must give the same N), so that a catch-up has chunks.
 """
 
 import argparse
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--id", required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--die-at", default="")
+    parser.add_argument("--ballast-mib", type=int, default=0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--progress", default="")
     parser.add_argument("--ready", default="", help="a file written once the replica is heartbeating")
@@ -36,14 +39,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     die_step, _, die_point = args.die_at.partition(":")
-    die_step = int(die_step) if die_step else -1
+    die_step = die_step if die_step == "*" else int(die_step) if die_step else -1
 
     def maybe_die(point: str) -> None:
-        if manager.steps == die_step and point == die_point:
+        if die_step in ("*", manager.steps) and point == die_point:
             print(f"{args.id}: SIGKILL at step {manager.steps} ({point})", flush=True)
             if args.ready:
                 with open(args.ready.replace(".ready", ".died"), "w") as handle:
                     handle.write(repr(time.time()))
+                with open(args.ready.replace(".ready", ".died-step"), "w") as handle:
+                    handle.write(str(manager.steps))
             os.kill(os.getpid(), signal.SIGKILL)
 
     manager = Manager(args.coordinator, args.id, timeout=30.0, heartbeat_interval=0.1)
@@ -55,6 +60,11 @@ def main() -> None:
     optimizer = manager.optimizer(ft_training.optimizer(model.parameters()))
     if die_point == "allreduce":
         manager.gradient_hooks.append(lambda: maybe_die("allreduce"))
+    if die_point == "catchup":
+        manager.catch_up_hooks.append(lambda index: maybe_die("catchup") if index == 1 else None)
+    if args.ballast_mib:
+        ballast = {"bytes": torch.zeros(args.ballast_mib << 20, dtype=torch.uint8)}
+        manager.register_state("ballast", lambda: ballast["bytes"], lambda loaded: ballast.update(bytes=loaded))
     shown = 0
     while manager.steps < args.steps:
         for hold in args.hold:

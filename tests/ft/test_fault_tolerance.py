@@ -63,13 +63,18 @@ class Run:
         kill_tree(self.coordinator.pid)
         self.coordinator.wait(30)
 
-    def start_replica(self, replica: str, steps: int, die_at: str = "", holds: Sequence[int] = ()) -> None:
+    def start_replica(self, replica: str, steps: int, die_at: str = "", holds: Sequence[int] = (),
+                      ballast_mib: int = 0) -> None:
         """``holds``: steps before which the replica waits for :meth:`gate` of that step."""
         self.processes[replica] = self._start(replica, [
             sys.executable, str(REPLICA), "--coordinator", f"127.0.0.1:{self.port}", "--id", replica,
             "--steps", str(steps), "--die-at", die_at, "--out", str(self.result_path(replica)),
             "--progress", str(self.directory / f"{replica}.progress"), "--ready", str(self.ready(replica)),
-            *[f"--hold={step}:{self.gate(step)}" for step in holds]])
+            "--ballast-mib", str(ballast_mib), *[f"--hold={step}:{self.gate(step)}" for step in holds]])
+
+    def died_at(self, replica: str) -> int:
+        """The step count the replica had when it killed itself."""
+        return int((self.directory / f"{replica}.died-step").read_text())
 
     def ready(self, replica: str) -> Path:
         return self.directory / f"{replica}.ready"
@@ -261,6 +266,36 @@ def test_a_jobs_life(run_factory):
     for victim, died_at in (("r1", 2), ("r2", 10)):
         seconds = recovery_seconds(run, victim, died_at, results["r0"]["events"])
         print(f"{victim} SIGKILLed at step {died_at} -> step committed without it {seconds:.2f} s later", flush=True)
+
+
+def scenario_source_killed_during_catch_up(run_factory, steps: int = 8) -> dict:
+    """r3 joins before step 3; r0, the lowest of the most advanced members, is the source of its
+    catch-up and is SIGKILLed once it has sent two chunks of its 32 MiB state."""
+    run = run_factory(3)
+    run.start_coordinator()
+    for replica in ("r0", "r1", "r2"):
+        run.start_replica(replica, steps, die_at="*:catchup" if replica == "r0" else "", holds=[3], ballast_mib=32)
+    run.wait_until(lambda: all(run.ready(replica).exists() for replica in ("r0", "r1", "r2")), "the replicas")
+    run.start_replica("r3", steps, ballast_mib=32)
+    run.wait_until(run.ready("r3").exists, "the joiner to start")
+    run.gate(3).touch()
+    run.wait("r0")
+    summary = check_run(run, ["r1", "r2", "r3"], steps, {"r0": run.died_at("r0")})
+    events = torch.load(run.result_path("r3"), weights_only=False)["events"]
+    kinds = [event["kind"] for event in events]
+    failed = [event for event in events if event["kind"] == "enter-failed"]
+    # mid-transfer: a chunk's receive from the source (rank 0 of that quorum) ended with its exit
+    assert failed and "from rank 0" in failed[0]["error"] and "exited" in failed[0]["error"], failed
+    assert any(event["kind"] == "caught-up" and event["bytes"] > 32 << 20 for event in events), kinds
+    assert kinds.index("enter-failed") < kinds.index("caught-up"), kinds  # the failed transfer came first
+    return summary
+
+
+def test_a_source_killed_while_a_joiner_takes_its_state(run_factory):
+    """The joiner's transfer fails at once (the source's connection closed), it loads nothing,
+    and the next quorum's catch-up from another live member brings it the state."""
+    summary = scenario_source_killed_during_catch_up(run_factory)
+    assert summary["members_per_step"][0] == 3 and summary["members_per_step"][-1] == 3
 
 
 @pytest.mark.soak

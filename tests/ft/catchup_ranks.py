@@ -1,0 +1,55 @@
+"""What the ranks of a :class:`tests.support.socket_world.SocketWorld` run for the catch-up tests:
+:func:`commlib.ft.catchup.catch_up` over a group on the rank's socket transport."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+
+from commlib.ft import catchup
+
+
+def _group(state):
+    if getattr(state, "group", None) is None:
+        from commlib.config import load_config
+        from commlib.group.process_group import ProcessGroup
+
+        config = dataclasses.replace(load_config(), shm=False, crash_witness=False)
+        state.group = ProcessGroup(transport=state.transport, timeout=60, config=config, name="catchup")
+    return state.group
+
+
+def state_of(rank: int, steps: int, nbytes: int) -> np.ndarray:
+    """A state that differs by rank and by step count, so a wrong source or a stale state shows."""
+    return np.random.default_rng(1000 * steps + rank).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def catch_up_case(state, steps_by_rank, nbytes, writable, wrong_digest=False):
+    """Each rank holds ``state_of(rank, its steps)``; after the catch-up every rank reports the
+    SHA-256 of its state, its step count, what ``load`` received (the ledger) and the CatchUp.
+    ``wrong_digest``: the source announces another payload's SHA-256, as if bytes changed on the way."""
+    group = _group(state)
+    rank, steps = group.rank, steps_by_rank[group.rank]
+    holder = {"state": state_of(rank, steps, nbytes), "steps": steps, "ledger": None}
+
+    def save():
+        data = holder["state"].copy()
+        if wrong_digest:
+            catchup._send_payload = lambda *args: (_ORIGINAL_SEND(*args), hashlib.sha256(b"other bytes").digest())[1]
+        return {"steps": steps, "from": rank}, (data.data if writable else data.tobytes())
+
+    def load(ledger, payload):
+        assert isinstance(payload, memoryview)
+        holder["state"], holder["steps"], holder["ledger"] = np.frombuffer(payload, np.uint8), ledger["steps"], ledger
+
+    try:
+        result = catchup.catch_up(group, steps, save, load)
+    finally:
+        catchup._send_payload = _ORIGINAL_SEND
+    return (hashlib.sha256(holder["state"].data).hexdigest(), holder["steps"], holder["ledger"],
+            (result.source, result.behind, result.nbytes))
+
+
+_ORIGINAL_SEND = catchup._send_payload
