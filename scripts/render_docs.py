@@ -44,6 +44,7 @@ GROUPS: Tuple[Tuple[str, str], ...] = (
     ("torch-backend-", "torch.distributed on the commlib backend"),
     ("efficient-dp-", "Communication-efficient data parallelism on a slow link"),
     ("accuracy-", "Accuracy of the efficient methods"),
+    ("ft-", "Fault-tolerant data parallelism"),
 )
 OTHER_GROUP = "Other measurements"
 
