@@ -44,6 +44,8 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def pytest_sessionstart(session):
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller sweeps, once all have ended
+        return
     session.config.stash[_SEGMENTS_BEFORE] = mpich_leftovers.segments()
 
 

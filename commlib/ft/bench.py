@@ -244,18 +244,16 @@ def main(argv=None) -> int:
         return 0
     if args.hosts:
         return _across_hosts(args, parse_size(args.state))
-    from commlib.ft.coordinator import Coordinator
-    from commlib.rendezvous import TCPStoreServer
+    return _on_one_host(args, "python -m commlib.ft.bench " + " ".join(argv if argv is not None else sys.argv[1:]))
 
-    nbytes, state_bytes, compute_s = parse_size(args.bytes), parse_size(args.state), args.compute_ms / 1e3
-    context = multiprocessing.get_context("spawn")
-    os.environ["MPI4PY_RC_INITIALIZE"] = "0"
-    queue = context.Queue()
-    timeout = 600.0
+
+def _steady_state(args, context, queue, nbytes: int, timeout: float) -> tuple:
+    """(plain ms, ft ms): medians over every replica's steps after each kind's first block."""
+    from commlib.ft.coordinator import Coordinator
 
     coordinator = Coordinator("127.0.0.1", 0, initial_replicas=args.replicas, grace=0.0).start()
     processes = [context.Process(target=_steady_replica, args=(rank, args.replicas, coordinator.port, nbytes,
-                                                               args.rounds, compute_s, queue))
+                                                               args.rounds, args.compute_ms / 1e3, queue))
                  for rank in range(args.replicas)]
     for process in processes:
         process.start()
@@ -265,15 +263,14 @@ def main(argv=None) -> int:
     def median_ms(kind: str) -> float:  # the first block of each kind warms up
         return 1e3 * statistics.median(t for result in steady for t in result[2][kind][_BLOCK:])
 
-    plain_ms, ft_ms = median_ms("plain"), median_ms("ft")
-    steps = (args.rounds - 1) * _BLOCK
-    print(f"# steady state: {args.replicas} replicas, {format_bytes(nbytes)} gradient, {args.compute_ms:g} ms "
-          f"compute (sleep), sockets on loopback, median over {steps} steps x replicas of each kind, interleaved")
-    print(f"{'replicas':>8} {'bytes':>10} {'compute_ms':>10} {'plain_ms':>9} {'ft_ms':>9} {'ft/plain':>8}")
-    print(f"{args.replicas:>8} {nbytes:>10} {args.compute_ms:>10.1f} {plain_ms:>9.2f} {ft_ms:>9.2f} "
-          f"{ft_ms / plain_ms:>8.3f}")
+    return median_ms("plain"), median_ms("ft")
 
-    # Catch-up: replicas - 1 train; at half the steps they hold until the joiner heartbeats.
+
+def _joiner_catch_up(args, context, queue, state_bytes: int, timeout: float) -> tuple:
+    """(the joiner's catch-up seconds, whether its state arrived intact): replicas - 1 train; at
+    half the steps they hold until the joiner heartbeats."""
+    from commlib.ft.coordinator import Coordinator
+
     hold = f"/tmp/commlib-ft-bench-{os.getpid()}.hold"
     coordinator = Coordinator("127.0.0.1", 0, initial_replicas=args.replicas - 1, grace=0.0).start()
     processes = [context.Process(target=_ft_replica, args=(rank, coordinator.port, state_bytes, 20, hold, queue))
@@ -291,10 +288,13 @@ def main(argv=None) -> int:
     joined = _collect(queue, processes + [joiner], args.replicas, timeout)
     os.unlink(hold)
     coordinator.close()
-    by_rank = {result[1]: result for result in joined}
-    transfers = by_rank[args.replicas - 1][3]
-    caught = by_rank[args.replicas - 1][4]
-    catch_up_s = transfers[0]["transfer_s"] if transfers else float("nan")
+    _, _, _, transfers, caught = {result[1]: result for result in joined}[args.replicas - 1]
+    return (transfers[0]["transfer_s"] if transfers else float("nan")), caught
+
+
+def _plain_broadcast(args, context, queue, state_bytes: int, timeout: float) -> float:
+    """The median over 3 repeats of the slowest member's broadcast of ``state_bytes``."""
+    from commlib.rendezvous import TCPStoreServer
 
     server = TCPStoreServer("127.0.0.1", 0).start()
     processes = [context.Process(target=_broadcast_replica, args=(rank, args.replicas, server.port, state_bytes, 3,
@@ -303,7 +303,26 @@ def main(argv=None) -> int:
         process.start()
     bcast = _collect(queue, processes, args.replicas, timeout)
     server.close()
-    bcast_s = statistics.median(max(result[2][repeat] for result in bcast) for repeat in range(3))
+    return statistics.median(max(result[2][repeat] for result in bcast) for repeat in range(3))
+
+
+def _on_one_host(args, command: str) -> int:
+    nbytes, state_bytes = parse_size(args.bytes), parse_size(args.state)
+    context = multiprocessing.get_context("spawn")
+    os.environ["MPI4PY_RC_INITIALIZE"] = "0"
+    queue = context.Queue()
+    timeout = 600.0
+
+    plain_ms, ft_ms = _steady_state(args, context, queue, nbytes, timeout)
+    steps = (args.rounds - 1) * _BLOCK
+    print(f"# steady state: {args.replicas} replicas, {format_bytes(nbytes)} gradient, {args.compute_ms:g} ms "
+          f"compute (sleep), sockets on loopback, median over {steps} steps x replicas of each kind, interleaved")
+    print(f"{'replicas':>8} {'bytes':>10} {'compute_ms':>10} {'plain_ms':>9} {'ft_ms':>9} {'ft/plain':>8}")
+    print(f"{args.replicas:>8} {nbytes:>10} {args.compute_ms:>10.1f} {plain_ms:>9.2f} {ft_ms:>9.2f} "
+          f"{ft_ms / plain_ms:>8.3f}")
+
+    catch_up_s, caught = _joiner_catch_up(args, context, queue, state_bytes, timeout)
+    bcast_s = _plain_broadcast(args, context, queue, state_bytes, timeout)
     wire_s = state_bytes * 8 / 1e9
     print(f"\n# catch-up: a joiner takes {format_bytes(state_bytes)} from a live peer ({args.replicas} members); "
           f"plain broadcast of the same bytes, same members, same sockets; the state arrived intact: {caught}")
@@ -313,7 +332,6 @@ def main(argv=None) -> int:
     if args.json:
         from commlib.bench.record import bench_record, write_record
 
-        command = "python -m commlib.ft.bench " + " ".join(argv if argv is not None else sys.argv[1:])
         steady_record = bench_record(
             "commlib.ft.bench", argv=[], world_size=args.replicas,
             columns=["replicas", "bytes", "compute_ms", "plain_ms", "ft_ms", "ft/plain"],
@@ -330,7 +348,6 @@ def main(argv=None) -> int:
             record["command"] = command
             write_record(f"{args.json}-{suffix}.json", record)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -178,6 +178,7 @@ def collectives() -> None:
         check.true(False, "a wrong allgather did not raise")
     except InvalidUsageError:
         check.true(pg.seq == before, "a refused call took a sequence number")
+    say(f"rank {rank}: pid {os.getpid()}")  # its shared-memory files carry it: see test_launch.py
     say(f"rank {rank}: {check.count} checks OK")
     commlib.shutdown()
 

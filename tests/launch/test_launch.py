@@ -27,17 +27,20 @@ def _checks(output: str, size: int) -> None:
     assert sorted(int(rank) for rank, _ in counts) == list(range(size)), output[-4000:]
 
 
-def _commlib_files() -> set:
-    return {path.name for path in Path("/dev/shm").glob("commlib-*")}
+def _commlib_files(pids) -> set:
+    """The shared-memory files these processes made (their names carry the maker's pid; other
+    jobs, such as tests that run at the same time, make theirs)."""
+    return {path.name for pid in pids for path in Path("/dev/shm").glob(f"commlib-*-{pid}-*")}
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_torchrun_every_collective_and_algorithm_is_exact(nproc):
-    before = _commlib_files()
     result = run_torchrun("launch_ranks.py", nproc, "collectives", timeout=240)
     _checks(result.stdout, nproc)
+    pids = re.findall(r"rank \d+: pid (\d+)", result.stdout)
+    assert len(pids) == nproc, result.stdout[-4000:]
     # A clean exit leaves no shared-memory file behind (ranks unlink theirs once all mapped them).
-    assert _commlib_files() - before == set()
+    assert _commlib_files(pids) == set()
 
 
 def test_torchrun_torch_backend_collectives_mesh_and_ddp_equal_to_gloo():

@@ -66,9 +66,10 @@ def main():
 
     grown = rss_mb() - base_rss
     first, last = np.median(latencies[:1000]) * 1e6, np.median(latencies[-1000:]) * 1e6
-    for _ in range(2):
+    for _ in range(5):
         # Every rank takes the same branch (the verdict is the slowest rank's), so the extra
-        # blocks' collectives match.
+        # blocks' collectives match. A growth that stays is a leak; one that goes within a few
+        # blocks was the machine's load (other jobs: the suite runs tests side by side).
         slowest = MPI.COMM_WORLD.allreduce(last / first, op=MPI.MAX)
         if slowest <= 1.5:
             break
