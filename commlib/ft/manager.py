@@ -27,6 +27,7 @@ state here; if none did, all redo the step. No member ever applies a partial ave
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import time
@@ -133,6 +134,11 @@ class Manager:
 
     def summary(self) -> dict:
         return self.ledger.summary()
+
+    def save_events(self, path: str) -> None:
+        """Write :attr:`events` as JSON, the input of ``python -m commlib.ft.timeline``."""
+        with open(path, "w") as handle:
+            json.dump({"replica": self.replica_id, "events": self.events}, handle)
 
     @property
     def store(self) -> TCPStore:

@@ -88,6 +88,7 @@ def main() -> None:
         if args.progress:
             with open(args.progress, "w") as handle:
                 handle.write(str(manager.steps))
+    manager.save_events(args.out.replace(".pt", ".events.json"))
     torch.save({"params": [p.detach().clone() for p in net.parameters()], "ledger": manager.ledger.to_json(),
                 "events": manager.events, "summary": manager.summary()}, args.out)
     print(f"{args.id}: done at step {manager.steps}: {json.dumps(manager.summary()['members_per_step'])}",

@@ -194,6 +194,25 @@ def check_run(run: Run, survivors: List[str], steps: int, victims: Dict[str, int
     return summary
 
 
+def check_timeline(run: Run, survivors: List[str], steps: int, summary: dict) -> None:
+    """``python -m commlib.ft.timeline`` on the survivors' events: the picture is drawn, and its
+    tables say what the ledger and the events say."""
+    from commlib.ft import timeline
+
+    paths = [str(run.result_path(replica)).replace(".pt", ".events.json") for replica in survivors]
+    events = timeline.load_events(paths)
+    png = run.directory / "timeline.png"
+    assert timeline.main([*paths, "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    per_step = timeline.members_per_step(events)
+    assert len(per_step) == steps and [len(members) for members in per_step.values()] == summary["members_per_step"]
+    epochs = sorted({event["epoch"] for event in events if event["kind"] == "quorum"})
+    assert [quorum["epoch"] for quorum in timeline.quorums(events)] == epochs
+    moved = timeline.transfers(events)
+    assert [transfer["replica"] for transfer in moved] == ["r3"] and moved[0]["bytes"] > 0, moved
+    assert moved[0]["epoch"] in epochs and moved[0]["seconds"] > 0, moved
+
+
 def recovery_seconds(run: Run, victim: str, died_at: int, survivor_events: List[dict]) -> float:
     """From the victim's SIGKILL to the commit of the step it died in (wall clocks of one machine)."""
     died = float((run.directory / f"{victim}.died").read_text())
@@ -263,6 +282,7 @@ def test_a_jobs_life(run_factory):
     assert any(event["kind"] == "quorum" and event["reason"] == "coordinator restarted"
                for event in results["r0"]["events"]), "the restarted coordinator formed a quorum of its own"
     assert summary["members_per_step"][2] == 2  # step 2 was redone without r1
+    check_timeline(run, ["r0", "r3"], steps, summary)
     for victim, died_at in (("r1", 2), ("r2", 10)):
         seconds = recovery_seconds(run, victim, died_at, results["r0"]["events"])
         print(f"{victim} SIGKILLed at step {died_at} -> step committed without it {seconds:.2f} s later", flush=True)
