@@ -218,7 +218,7 @@ class Coordinator:
         if lost and not self.lost_marked:
             how = {replica: ("its connection closed" if not self.replicas[replica].connected
                              else f"no heartbeat for {self.heartbeat_timeout:g} s") for replica in lost}
-            reason = "lost " + ", ".join(f"{replica} ({why})" for replica, why in how.items())
+            reason = keys.LOST_PREFIX + ", ".join(f"{replica} ({why})" for replica, why in how.items())
             store.set(keys.closed(epoch), reason)
             self.lost_marked = True
         elif self.closed_at is None:

@@ -37,6 +37,8 @@ class HeartbeatThread:
         self.last_error: Optional[BaseException] = None
         self._watch: Optional[str] = None
         self._watched: Tuple[Optional[str], str] = (None, "")
+        # Called on this thread as on_change(key, value) when the watched key gets a new value.
+        self.on_change: Optional[Callable[[str, str], None]] = None
         self._store: Optional[TCPStore] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"commlib-ft-heartbeat-{replica}", daemon=True)
@@ -92,7 +94,10 @@ class HeartbeatThread:
             value = store.get(key, 0).decode()
         except CommTimeoutError:
             value = ""
+        before_key, before = self._watched
         self._watched = (key, value)
+        if value and (before_key != key or value != before) and self.on_change is not None:
+            self.on_change(key, value)
 
     def _drop(self) -> None:
         store, self._store = self._store, None

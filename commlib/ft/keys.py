@@ -22,7 +22,7 @@ import json
 from typing import List, Optional
 
 __all__ = ["ROOT", "heartbeat", "live", "SLOTS", "slot", "LATEST", "quorum", "closed", "group_prefix",
-           "Heartbeat", "Quorum", "JOIN_PREFIX", "WAITING", "TRAINING", "LEFT"]
+           "Heartbeat", "Quorum", "JOIN_PREFIX", "LOST_PREFIX", "WAITING", "TRAINING", "LEFT"]
 
 ROOT = "ft"
 SLOTS = f"{ROOT}/slots"
@@ -31,6 +31,9 @@ LATEST = f"{ROOT}/latest"
 #: How a close for a joiner begins: the members finish their epoch at the end of the step in
 #: progress (it commits as the epoch's last); any other reason ends it before the next step.
 JOIN_PREFIX = "join: "
+# The coordinator lost a member (connection closed, or no heartbeat): the epoch's collectives
+# cannot finish, and its members abort their group at once (see Manager).
+LOST_PREFIX = "lost "
 #: What a replica says it is doing.
 WAITING, TRAINING, LEFT = "waiting", "training", "left"
 

@@ -22,6 +22,12 @@ A member whose vote fails (a peer died during it) cannot know what the others de
 applies nothing and counts itself *behind*. It leaves the epoch (which then ends for everyone at
 their next step), and if another member did commit, the catch-up of the next quorum brings that
 state here; if none did, all redo the step. No member ever applies a partial average.
+
+A member that is cut off (a host whose network went down) sends nothing, not even a close, so
+the others' collectives would wait for it until the group's timeout. The coordinator sees its
+heartbeats stop and closes the epoch with a ``lost`` reason; each member's heartbeat thread
+reads that within a beat and aborts the group (:meth:`commlib.ProcessGroup.abort`): the step in
+progress fails at once everywhere and is redone by the next quorum, without the lost member.
 """
 
 from __future__ import annotations
@@ -111,7 +117,9 @@ class Manager:
         self._beat_state: Tuple[str, int, int] = (keys.WAITING, -1, 0)
         self._store = self._connect(self.connect_timeout)
         self.heartbeat = HeartbeatThread(self.replica_id, lambda: self._connect(1.0), lambda: self._beat_state,
-                                         heartbeat_interval).start()
+                                         heartbeat_interval)
+        self.heartbeat.on_change = self._on_close_seen
+        self.heartbeat.start()
 
     # -- what users read -----------------------------------------------------------------------
     @property
@@ -286,6 +294,15 @@ class Manager:
             self._store.compare_set(keys.closed(epoch), "", reason[:500])
         except CommError as error:
             self._store_lost(error)
+
+    def _on_close_seen(self, key: str, reason: str) -> None:
+        """On the heartbeat thread: the coordinator lost a member of this epoch. Its collectives
+        cannot finish (a member cut off from the network sends no close, and would hold them to
+        the group's timeout): abort the group now, so the step fails and is redone without it."""
+        group = self.group
+        if group is not None and reason.startswith(keys.LOST_PREFIX) and key == keys.closed(self.epoch):
+            self._event("group-aborted", reason=reason)
+            group.abort(f"epoch {self.epoch} closed by the coordinator: {reason}")
 
     def _epoch_lost(self) -> bool:
         """Before a step: leave an epoch that is closed for any reason but a joiner (a member was

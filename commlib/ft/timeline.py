@@ -29,7 +29,8 @@ from commlib.units import format_bytes
 
 __all__ = ["load_events", "quorums", "transfers", "failures", "members_per_step", "draw", "main"]
 
-FAILURE_KINDS = ("allreduce-failed", "vote-failed", "enter-failed", "abort", "outcome-unknown", "coordinator-lost")
+FAILURE_KINDS = ("allreduce-failed", "vote-failed", "enter-failed", "abort", "outcome-unknown", "coordinator-lost",
+                 "group-aborted")
 
 
 def load_events(paths: Sequence[str]) -> List[dict]:

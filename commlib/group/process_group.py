@@ -25,7 +25,7 @@ import numpy as np
 
 from commlib.algorithms.registry import get_algorithm
 from commlib.config import Config
-from commlib.errors import InvalidUsageError
+from commlib.errors import GroupAbortedError, InvalidUsageError
 from commlib.execution.executor import CommExecutor
 from commlib.execution.fingerprint import CallFingerprint, FingerprintChecker
 from commlib.execution.issue import collective_task
@@ -401,6 +401,25 @@ class ProcessGroup:
             raise InvalidUsageError(f"{self!r}: GPU backend already created with transport "
                                     f"{self._gpu.kind!r}; cannot switch to {transport!r}")
         return self._gpu
+
+    def abort(self, reason: str) -> None:
+        """From any thread: end what this group does now and will do, with a
+        :class:`~commlib.errors.GroupAbortedError` naming ``reason``; its peers hear it at once
+        (an ABORT on every connection) and fail the same way. For whoever knows that a collective
+        cannot finish although no peer has left: a coordinator that lost a member's heartbeat (a
+        host cut off from the network sends nothing, not even a close).
+
+        Groups over the socket transport only, and their waits on sockets: a wait in shared memory
+        among a host's ranks still ends at its deadline. MPI cannot end one communicator's
+        collective (the MPICH wheel has no revoke): :class:`InvalidUsageError` there. The group
+        must still be closed."""
+        interrupt = getattr(self.transport, "interrupt", None)
+        if interrupt is None:
+            raise InvalidUsageError(f"{self!r}.abort: {self.transport!r} cannot be interrupted (only the socket "
+                                    f"transport can); end the job instead")
+        interrupt(GroupAbortedError(f"group {self.name!r} rank {self.rank} of {self.size}: aborted: {reason}"))
+        if isinstance(self.p2p, SocketPointToPoint):
+            self.p2p.engine.close(reason)
 
     def close(self) -> None:
         """Finish the queued collectives, then free what the group holds, its communicator last.

@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--progress", default="")
     parser.add_argument("--ready", default="", help="a file written once the replica is heartbeating")
     parser.add_argument("--hold", action="append", default=[], metavar="STEP:FILE",
+                        help="before step STEP, wait until FILE exists and the epoch closed (repeatable)")
+    parser.add_argument("--pause", action="append", default=[], metavar="STEP:FILE",
                         help="before step STEP, wait until FILE exists (repeatable)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -74,6 +76,10 @@ def main() -> None:
             # then this epoch's last, however fast the steps are.
             while manager.steps == int(step) and not (
                     os.path.exists(gate) and manager.heartbeat.watched(keys.closed(manager.epoch))):
+                time.sleep(0.01)
+        for pause in args.pause:
+            step, _, gate = pause.partition(":")
+            while manager.steps == int(step) and not os.path.exists(gate):
                 time.sleep(0.01)
         optimizer.zero_grad()
         indices = torch.from_numpy(manager.batch_indices())

@@ -97,6 +97,9 @@ def main():
         check.raises(InvalidUsageError, lambda: world.new_group([0], timeout=-1), "negative timeout", match="timeout")
         w = commlib.Work("allreduce", 1)
         check.raises(ValueError, lambda: w.wait(timeout=-1), "Work.wait negative timeout", match="timeout")
+        # MPI cannot end one communicator's collective: said before anything happens
+        check.raises(InvalidUsageError, lambda: world.abort("test"), "abort of an MPI group",
+                     match="cannot be interrupted")
     world.barrier()
     check.finish()
 

@@ -33,6 +33,14 @@ __all__ = ["SocketWorld", "RankSetup", "SECRET", "RankFailed"]
 
 SECRET = secret_from_text("the socket world's job secret", "tests")
 
+# Ranks are forked from a server process that imported commlib once (a spawned rank would import
+# it, numpy and the rank functions' modules anew: about a second of CPU each, tens of ranks a
+# run). The server is single-threaded, so its forks are safe; it starts with the first world,
+# with the environment of that moment (MPI4PY_RC_INITIALIZE=0 included, see SocketWorld).
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(["tests.support.socket_world", "commlib.group.process_group",
+                                 "commlib.transports.socket", "commlib.rendezvous", "tests.sockets.socket_ranks"])
+
 
 @dataclasses.dataclass
 class RankSetup:
@@ -140,7 +148,7 @@ class SocketWorld:
         :meth:`join_here`); ``wait``: return once every spawned rank built its transport."""
         self.size = size
         self.server = TCPStoreServer("127.0.0.1", 0, SECRET).start()
-        context = multiprocessing.get_context("spawn")
+        context = _CONTEXT
         self.spawned = list(range(size)) if spawn is None else list(spawn)
         self.channels: List[Any] = [None] * size
         self.processes: List[Any] = [None] * size

@@ -262,8 +262,9 @@ class P2PEngine(Matcher):
             return self.numbers
 
     # -- the end -----------------------------------------------------------------------------
-    def close(self) -> None:
-        """Fail what is pending (GroupAbortedError), say GOODBYE to every peer, close. Idempotent."""
+    def close(self, reason: Optional[str] = None) -> None:
+        """Fail what is pending (GroupAbortedError, naming ``reason`` when the group was aborted),
+        say GOODBYE to every peer, close. Idempotent; from any thread but the engine's."""
         with self.lock:
             if self.closed:
                 return
@@ -271,8 +272,9 @@ class P2PEngine(Matcher):
             ops = (list(self.posted) + list(self.incoming.values()) + list(self.announced.values())
                    + [chunk.owner for link in self.links if link is not None for chunk in link.out
                       if isinstance(chunk.owner, P2POp)])
+            why = f"the group was aborted: {reason}" if reason else "the group was closed"
             for op in ops:
-                self._finish(op, GroupAbortedError(f"{op.what}: the group was closed"))
+                self._finish(op, GroupAbortedError(f"{op.what}: {why}"))
             self.posted, self.incoming, self.announced = [], {}, {}
             os.eventfd_write(self.wake_fd, 1)
         if self.thread is not threading.current_thread():

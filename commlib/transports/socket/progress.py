@@ -10,6 +10,10 @@ on it, for input; for output only while a send is stuck.
 Failures end the engine for good, and tell the peers (an ABORT frame naming the cause, then a
 FIN) so that they raise at once instead of each waiting for its own timeout:
 
+* :meth:`ProgressEngine.interrupt` from another thread (someone outside the collective knows
+  it cannot finish: a peer cut off from the network sends no FIN): the error it gives, raised by
+  the wait in progress at once (a wakeup descriptor in the epoll), or by the next post;
+
 * a peer left while something posted needed it, or broke the group (aborted, or closed in the
   middle of a frame): :class:`commlib.errors.PeerExitedError` naming it (rank, host), or the
   :class:`commlib.errors.CommError` its ABORT explains;
@@ -21,8 +25,10 @@ FIN) so that they raise at once instead of each waiting for its own timeout:
 
 from __future__ import annotations
 
+import os
 import select
 import ssl
+import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -86,6 +92,12 @@ class ProgressEngine:
                 self.epoll.register(connection.fd, connection.interest)
                 self.by_fd[connection.fd] = connection
         self.departed: List[Connection] = []
+        # interrupt() writes it; the waiting thread, the only one that touches the connections,
+        # then fails the engine itself.
+        self.interrupted: Optional[Exception] = None
+        self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.wake_lock = threading.Lock()  # interrupt() never writes a descriptor close() gave back
+        self.epoll.register(self.wake_fd, _IN)
         # TLS may hold decrypted bytes that epoll cannot see (they left the socket already).
         self.tls_connections = [connection for connection in self.connections
                                 if connection is not None and connection.tls]
@@ -100,6 +112,8 @@ class ProgressEngine:
 
     def post(self, sends: Sequence[Transfer], recvs: Sequence[Transfer]) -> SocketPending:
         self.check_usable()
+        if self.interrupted is not None:
+            self._fail(self.interrupted)
         context = self.context
         seq, label = context.seq, context.step
         pending = SocketPending(self)
@@ -133,6 +147,15 @@ class ProgressEngine:
         except (PeerGone, BadFrame) as error:
             self._fail(error)
 
+    def interrupt(self, error: Exception) -> None:
+        """From any thread: end the engine with ``error`` (the first one given stays), raised by
+        the wait in progress, or else by the next post or wait; the peers hear an ABORT naming it."""
+        if self.interrupted is None:
+            self.interrupted = error
+        with self.wake_lock:
+            if self.wake_fd >= 0:
+                os.eventfd_write(self.wake_fd, 1)
+
     def _progress(self, pending: SocketPending) -> None:
         for message in pending.messages:  # before sleeping: what already arrived
             if not message.done and isinstance(message, Incoming):
@@ -143,6 +166,8 @@ class ProgressEngine:
         deadline = self.context.deadline
         poll, by_fd = self.epoll.poll, self.by_fd
         while pending.remaining:
+            if self.interrupted is not None:
+                self._fail(self.interrupted)
             for connection in self.departed:
                 if connection.departure is not None and (connection.departure.urgent or connection.send_queue
                                                          or connection.recv_queue):
@@ -155,6 +180,8 @@ class ProgressEngine:
             for fd, events in poll(min(remaining, 3600.0)):
                 connection = by_fd.get(fd)
                 if connection is None:
+                    if fd == self.wake_fd:
+                        self._fail(self.interrupted or CommError(f"rank {self.rank}: interrupted"))
                     continue
                 if events & _CLOSED:
                     self._unregister(connection)
@@ -286,3 +313,6 @@ class ProgressEngine:
             connection.close(deadline if self.failure is not None else 0.0)
         self.by_fd.clear()
         self.epoll.close()
+        with self.wake_lock:
+            os.close(self.wake_fd)
+            self.wake_fd = -1

@@ -100,6 +100,11 @@ class SocketTransport(SocketNativeCollectives):
         """Goodbye to every peer, then close the connections. Local; idempotent."""
         self._finalizer()
 
+    def interrupt(self, error: Exception) -> None:
+        """From any thread: the collective in progress, and every later one, ends with ``error``
+        (see :meth:`.progress.ProgressEngine.interrupt`)."""
+        self.engine.interrupt(error)
+
     @property
     def failed(self) -> Optional[BaseException]:
         """The error that ended the transport (it told its peers), or None."""

@@ -1,0 +1,239 @@
+"""Fault-tolerant runs for the tests: a coordinator (``python -m commlib.ft.coordinator``) and
+replicas (tests/ft/fault_tolerance_ranks.py), each a process with its output in a file, on this
+host or placed on the hosts of a :class:`commlib.cluster.Cluster`; and every check of a finished
+run (ledgers, commits, samples, bitwise equality with a failure-free replay of the ledger).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import pytest
+import torch
+
+from tests.support import ft_training
+from tests.support.launch import ROOT, base_env, free_port, kill_tree
+
+__all__ = ["Run", "Runs", "check_run", "check_timeline", "recovery_seconds", "HEARTBEAT_TIMEOUT", "RESTART_GRACE"]
+
+REPLICA = ROOT / "tests" / "ft" / "fault_tolerance_ranks.py"
+HEARTBEAT_TIMEOUT = 4.0
+# A restarted coordinator listens this long before it forms a quorum: the replicas reconnect
+# within a heartbeat interval (0.1 s); one that is later joins at the next step boundary.
+RESTART_GRACE = 2.0
+RUN_TIMEOUT = 150.0
+
+
+class Run:
+    """One coordinator and its replicas, each a process with its output in a file.
+
+    With ``cluster``, each runs on a host of it: the coordinator on ``hosts["coordinator"]``, a
+    replica on ``hosts[replica]`` (default: the first host), its groups on the hosts' links."""
+
+    def __init__(self, directory: Path, initial: int, *, cluster=None, hosts: Optional[Dict[str, str]] = None,
+                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT):
+        self.directory = directory
+        self.port = free_port()
+        self.initial = initial
+        self.cluster, self.hosts = cluster, dict(hosts or {})
+        self.heartbeat_timeout = heartbeat_timeout
+        self.processes: Dict[str, subprocess.Popen] = {}
+        self.coordinator: Optional[subprocess.Popen] = None
+        self.deadline = time.monotonic() + RUN_TIMEOUT
+        self.env = base_env({"MPI4PY_RC_INITIALIZE": "0"})
+        self.address = "127.0.0.1"
+        if cluster is not None:
+            self.env["COMMLIB_SOCKET_IFNAME"] = "eth0"  # the hosts' link
+            self.address = cluster.state.host(self.host_of("coordinator")).address
+
+    def host_of(self, name: str) -> str:
+        return self.hosts.get(name, "h0")
+
+    def _start(self, name: str, command: List[str]) -> subprocess.Popen:
+        log = open(self.directory / f"{name}.log", "a")
+        if self.cluster is not None:
+            process = self.cluster.popen(self.host_of(name), command, stdout=log, stderr=subprocess.STDOUT,
+                                         env=self.env, cwd=str(ROOT), start_new_session=True)
+        else:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(ROOT),
+                                       start_new_session=True)
+        log.close()
+        return process
+
+    def start_coordinator(self, grace: float = 0.0) -> None:
+        self.coordinator = self._start("coordinator", [
+            sys.executable, "-m", "commlib.ft.coordinator", "--open", "--host", self.address, "--port", str(self.port),
+            "--initial-replicas", str(self.initial), "--heartbeat-timeout", str(self.heartbeat_timeout),
+            "--grace", str(grace)])
+
+    def kill_coordinator(self) -> None:
+        assert self.coordinator is not None
+        kill_tree(self.coordinator.pid)
+        self.coordinator.wait(30)
+
+    def start_replica(self, replica: str, steps: int, die_at: str = "", holds: Sequence[int] = (),
+                      ballast_mib: int = 0, pauses: Sequence[int] = ()) -> None:
+        """``holds``: steps before which the replica waits for :meth:`gate` of that step and for
+        its epoch to close (for a joiner, or a restarted coordinator); ``pauses``: for the gate only."""
+        self.processes[replica] = self._start(replica, [
+            sys.executable, str(REPLICA), "--coordinator", f"{self.address}:{self.port}", "--id", replica,
+            "--steps", str(steps), "--die-at", die_at, "--out", str(self.result_path(replica)),
+            "--progress", str(self.directory / f"{replica}.progress"), "--ready", str(self.ready(replica)),
+            "--ballast-mib", str(ballast_mib), *[f"--hold={step}:{self.gate(step)}" for step in holds],
+            *[f"--pause={step}:{self.gate(step)}" for step in pauses]])
+
+    def died_at(self, replica: str) -> int:
+        """The step count the replica had when it killed itself."""
+        return int((self.directory / f"{replica}.died-step").read_text())
+
+    def ready(self, replica: str) -> Path:
+        return self.directory / f"{replica}.ready"
+
+    def gate(self, step: int) -> Path:
+        return self.directory / f"gate-{step}"
+
+    def coordinator_said(self, text: str) -> bool:
+        return text in (self.directory / "coordinator.log").read_text()
+
+    def result_path(self, replica: str) -> Path:
+        return self.directory / f"{replica}.pt"
+
+    def progress(self, replica: str) -> int:
+        try:
+            return int((self.directory / f"{replica}.progress").read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def wait_until(self, condition, what: str) -> None:
+        while not condition():
+            if time.monotonic() > self.deadline:
+                self.fail(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def wait(self, replica: str) -> int:
+        process = self.processes[replica]
+        try:
+            return process.wait(max(1.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.fail(f"replica {replica} still running after {RUN_TIMEOUT:g} s")
+        raise AssertionError("unreachable")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {path.name} ---\n{path.read_text()[-4000:]}"
+                         for path in sorted(self.directory.glob("*.log")))
+
+    def fail(self, message: str) -> None:
+        self.close()
+        pytest.fail(f"{message}\n{self.logs()}")
+
+    def close(self) -> None:
+        for process in [*self.processes.values(), self.coordinator]:
+            if process is not None and process.poll() is None:
+                kill_tree(process.pid)
+                process.wait(30)
+
+
+class Runs:
+    """Makes the runs of a test, each in a directory of its own under ``directory``; ``close``
+    kills whatever of theirs still runs (a test's fixture calls it)."""
+
+    def __init__(self, directory: Path, **options):
+        self.directory, self.options = directory, options
+        self.runs: List[Run] = []
+
+    def __call__(self, initial: int, **options) -> Run:
+        run = Run(self.directory / f"run{len(self.runs)}", initial, **{**self.options, **options})
+        run.directory.mkdir()
+        self.runs.append(run)
+        return run
+
+    def close(self) -> None:
+        for run in self.runs:
+            run.close()
+
+
+def check_run(run: Run, survivors: List[str], steps: int, victims: Dict[str, int]) -> dict:
+    """Every check of a finished run; returns the survivors' summary."""
+    codes = {replica: run.wait(replica) for replica in run.processes}
+    for replica in survivors:
+        if codes[replica] != 0:
+            run.fail(f"survivor {replica} exited with {codes[replica]}")
+    for replica in victims:
+        if codes[replica] != -9:
+            run.fail(f"victim {replica} exited with {codes[replica]}, expected SIGKILL")
+    results = {replica: torch.load(run.result_path(replica), weights_only=False) for replica in survivors}
+    first = results[survivors[0]]
+    ledger = first["ledger"]
+    problems = []
+    for replica, result in results.items():
+        if result["ledger"] != ledger:
+            problems.append(f"{replica}'s ledger differs from {survivors[0]}'s")
+    if len(ledger["steps"]) != steps:
+        problems.append(f"{len(ledger['steps'])} committed steps, expected {steps}")
+    # No step committed with a member that had died before it: a victim killed at step k never
+    # voted for step k.
+    for record in ledger["steps"]:
+        for victim, died_at in victims.items():
+            if victim in record["members"] and record["step"] >= died_at:
+                problems.append(f"step {record['step']} committed with {victim}, killed at step {died_at}")
+    # Every commit was with the full member set of its quorum, as the survivors saw it formed.
+    quorums = {event["epoch"]: event["members"] for result in results.values() for event in result["events"]
+               if event["kind"] == "quorum"}
+    for record in ledger["steps"]:
+        if record["epoch"] in quorums and record["members"] != quorums[record["epoch"]]:
+            problems.append(f"step {record['step']}: members {record['members']} != quorum "
+                            f"{quorums[record['epoch']]} of epoch {record['epoch']}")
+    # Sample accounting: at most once per pass; a finished pass is whole (what was dropped, counted).
+    counts = ft_training.sample_counts(ledger)
+    last_pass = max(counts) if counts else 0
+    for data_epoch, seen in counts.items():
+        if seen.max() > 1:
+            problems.append(f"data pass {data_epoch}: samples trained twice: {list((seen > 1).nonzero()[0])}")
+        dropped = ledger["dropped"].get(str(data_epoch), 0)
+        if data_epoch < last_pass and int(seen.sum()) + dropped != ft_training.DATASET_SIZE:
+            problems.append(f"data pass {data_epoch}: {int(seen.sum())} trained + {dropped} dropped != "
+                            f"{ft_training.DATASET_SIZE}")
+    # Bitwise: survivors agree, and equal the failure-free replay of the ledger.
+    reference = ft_training.replay(ledger)
+    for replica, result in results.items():
+        for index, (mine, expected) in enumerate(zip(result["params"], reference)):
+            if not torch.equal(mine, expected):
+                problems.append(f"{replica}: parameter {index} differs from the replay (max |diff| "
+                                f"{(mine - expected).abs().max().item():.3g})")
+    if problems:
+        run.fail("\n".join(problems))
+    summary = first["summary"]
+    print(f"run summary: {summary['steps']} steps, {summary['replica_steps']} replica-steps, members per step "
+          f"{summary['members_per_step']}, global batch {summary['global_batch_per_step']}", flush=True)
+    return summary
+
+
+def check_timeline(run: Run, survivors: List[str], steps: int, summary: dict) -> None:
+    """``python -m commlib.ft.timeline`` on the survivors' events: the picture is drawn, and its
+    tables say what the ledger and the events say."""
+    from commlib.ft import timeline
+
+    paths = [str(run.result_path(replica)).replace(".pt", ".events.json") for replica in survivors]
+    events = timeline.load_events(paths)
+    png = run.directory / "timeline.png"
+    assert timeline.main([*paths, "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    per_step = timeline.members_per_step(events)
+    assert len(per_step) == steps and [len(members) for members in per_step.values()] == summary["members_per_step"]
+    epochs = sorted({event["epoch"] for event in events if event["kind"] == "quorum"})
+    assert [quorum["epoch"] for quorum in timeline.quorums(events)] == epochs
+    moved = timeline.transfers(events)
+    assert [transfer["replica"] for transfer in moved] == ["r3"] and moved[0]["bytes"] > 0, moved
+    assert moved[0]["epoch"] in epochs and moved[0]["seconds"] > 0, moved
+
+
+def recovery_seconds(run: Run, victim: str, died_at: int, survivor_events: List[dict]) -> float:
+    """From the victim's SIGKILL to the commit of the step it died in (wall clocks of one machine)."""
+    died = float((run.directory / f"{victim}.died").read_text())
+    return min(event["t"] for event in survivor_events if event["kind"] == "commit" and event["step"] >= died_at) - died
+
+
