@@ -302,7 +302,10 @@ class Manager:
         group = self.group
         if group is not None and reason.startswith(keys.LOST_PREFIX) and key == keys.closed(self.epoch):
             self._event("group-aborted", reason=reason)
-            group.abort(f"epoch {self.epoch} closed by the coordinator: {reason}")
+            try:
+                group.abort(f"epoch {self.epoch} closed by the coordinator: {reason}")
+            except Exception as error:  # noqa: BLE001 - the heartbeat must go on; the step then fails at its timeout
+                self._event("abort-failed", error=f"{type(error).__name__}: {error}"[:300])
 
     def _epoch_lost(self) -> bool:
         """Before a step: leave an epoch that is closed for any reason but a joiner (a member was
