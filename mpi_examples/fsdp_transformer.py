@@ -14,6 +14,7 @@ the previous one plus a per-sequence stride), which the model learns to continue
 """
 
 import argparse
+import gc
 import hashlib
 import time
 
@@ -100,6 +101,12 @@ def main():
         print(f"{args.backend}: {parameters} parameters sharded over {size} ranks, {elapsed * 1e3:.1f} ms per step",
               flush=True)
         print(f"parameters sha256 {digest.hexdigest()}", flush=True)
+    # Every rank done, and nothing left that holds a collective's tensors: gloo's worker threads
+    # must not free Python objects while the interpreter shuts down (torch aborts then, rarely:
+    # "terminate called without an active exception").
+    dist.barrier()
+    del model, optimizer, mesh
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -80,7 +80,7 @@ def run_ranks(script, world_size: int, *args: str, env: Optional[Mapping[str, st
         try:
             output, _ = process.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            kill_tree(process.pid)
+            kill_tree(process.pid, stacks=True)
             output = collect_after_kill(process)
             hung.append(rank)
         results.append(RankResult(rank, process.returncode, output))
@@ -104,9 +104,9 @@ def run_torchrun(script, nproc: int, *args: str, torchrun_args: Sequence[str] = 
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(process.pid)
+        kill_tree(process.pid, stacks=True)
         output = collect_after_kill(process)
-        pytest.fail(f"torchrun {Path(script).name} hung: killed after {timeout:g} s\n{output[-6000:]}")
+        pytest.fail(f"torchrun {Path(script).name} hung: killed after {timeout:g} s\n{output[-12000:]}")
     result = subprocess.CompletedProcess(command, process.returncode, output, "")
     if check and process.returncode != 0:
         pytest.fail(f"torchrun {Path(script).name} {' '.join(map(str, args))} exited with {process.returncode}\n"

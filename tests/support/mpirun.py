@@ -85,10 +85,10 @@ def run_mpi(script, nprocs: int, *args: str, timeout: float = 120.0, env=None,
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(process.pid)
+        kill_tree(process.pid, stacks=True)
         output = collect_after_kill(process)
         pytest.fail(f"mpiexec -n {nprocs} {script.name} {' '.join(map(str, args))} hung: killed after "
-                    f"{timeout:g} s\n--- output ---\n{output[-6000:]}")
+                    f"{timeout:g} s (each rank's threads are at the end)\n--- output ---\n{output[-12000:]}")
     result = subprocess.CompletedProcess(command, process.returncode, output, "")
     if check and process.returncode != 0:
         pytest.fail(f"mpiexec -n {nprocs} {script.name} {' '.join(map(str, args))} exited with "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from typing import Dict, List
 
 __all__ = ["kill_tree", "collect_after_kill"]
@@ -32,14 +33,33 @@ def _descendants(pid: int) -> List[int]:
     return found
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid``, its process group and every process below it."""
+def kill_tree(pid: int, stacks: bool = False) -> None:
+    """SIGKILL ``pid``, its process group and every process below it. With ``stacks``, first ask
+    every Python process below it where its threads are (SIGUSR1: see
+    tests/support/line_buffered/sitecustomize.py) and give them a moment to write it."""
+    if stacks:
+        pythons = [child for child in _descendants(pid) if _is_python(child)]
+        for child in pythons:
+            try:
+                os.kill(child, signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if pythons:
+            time.sleep(1.0)
     for victim in [pid, *_descendants(pid)]:
         for kill in (os.killpg, os.kill):
             try:
                 kill(victim, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().startswith("python")
+    except OSError:
+        return False
 
 
 def collect_after_kill(process: subprocess.Popen) -> str:

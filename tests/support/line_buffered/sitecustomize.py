@@ -13,8 +13,15 @@ the next (the ``p2p_peer_exit`` failures of issue 24). Line-buffered, the text a
 leave in one write, as soon as the newline is written.
 """
 
+import faulthandler
+import signal
 import sys
 
 for _stream in (sys.stdout, sys.stderr):
     if _stream is not None and hasattr(_stream, "reconfigure"):
         _stream.reconfigure(line_buffering=True, write_through=False)
+
+# A hung job is killed by the tests (tests/support/processes.py, kill_tree); just before, they send
+# SIGUSR1, and every Python process of the job writes where each of its threads is.
+if hasattr(signal, "SIGUSR1") and sys.stderr is not None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
