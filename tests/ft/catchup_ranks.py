@@ -3,22 +3,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
 import numpy as np
 
 from commlib.ft import catchup
-
-
-def _group(state):
-    if getattr(state, "group", None) is None:
-        from commlib.config import load_config
-        from commlib.group.process_group import ProcessGroup
-
-        config = dataclasses.replace(load_config(), shm=False, crash_witness=False)
-        state.group = ProcessGroup(transport=state.transport, timeout=60, config=config, name="catchup")
-    return state.group
+from tests.support.socket_world import process_group
 
 
 def state_of(rank: int, steps: int, nbytes: int) -> np.ndarray:
@@ -30,7 +20,7 @@ def catch_up_case(state, steps_by_rank, nbytes, writable, wrong_digest=False):
     """Each rank holds ``state_of(rank, its steps)``; after the catch-up every rank reports the
     SHA-256 of its state, its step count, what ``load`` received (the ledger) and the CatchUp.
     ``wrong_digest``: the source announces another payload's SHA-256, as if bytes changed on the way."""
-    group = _group(state)
+    group = process_group(state, "catchup")
     rank, steps = group.rank, steps_by_rank[group.rank]
     holder = {"state": state_of(rank, steps, nbytes), "steps": steps, "ledger": None}
 

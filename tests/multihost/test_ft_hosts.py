@@ -10,15 +10,14 @@ equality with a replay of the ledger included.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import time
 
 import pytest
 import torch
 
-from tests.support.ft_run import Runs, check_run
-from tests.support.launch import ROOT, base_env, free_port, kill_tree
+from tests.support.ft_run import Run, Runs, check_run
+from tests.support.launch import ROOT, kill_tree
 from tests.support.multihost import make_cluster, processes_on_hosts
 
 pytestmark = pytest.mark.multihost
@@ -88,26 +87,19 @@ def test_a_host_cut_off_is_dropped_within_seconds_then_rejoins_and_catches_up(ru
     assert processes_on_hosts(cluster) == {}, "processes left behind on the hosts"
 
 
-class DigitsJob:
-    """mpi_examples/train_digits_ft.py on every host of ``cluster``, its coordinator on the first."""
+class DigitsJob(Run):
+    """mpi_examples/train_digits_ft.py on every host of ``cluster`` (replica ``hK`` on host ``hK``),
+    its coordinator on h0: a :class:`Run` whose replicas are the example."""
 
     def __init__(self, cluster, directory, steps: int):
-        self.cluster, self.directory, self.steps = cluster, directory, steps
-        self.address = cluster.addresses[0]
-        self.port = free_port()
-        self.env = base_env({"MPI4PY_RC_INITIALIZE": "0", "COMMLIB_SOCKET_IFNAME": "eth0"})
-        self.processes = {}
-        self.coordinator = self._start("coordinator", "h0", [
-            sys.executable, "-m", "commlib.ft.coordinator", "--open", "--host", self.address, "--port", str(self.port),
-            "--initial-replicas", str(len(cluster.hostnames)), "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT)])
-
-    def _start(self, name: str, host: str, argv):
-        with open(self.directory / f"{name}.log", "a") as log:
-            return self.cluster.popen(host, argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(ROOT),
-                                      start_new_session=True)
+        hosts = {f"h{index}": f"h{index}" for index in range(len(cluster.hostnames))}
+        super().__init__(directory, len(hosts), cluster=cluster, hosts={"coordinator": "h0", **hosts},
+                         heartbeat_timeout=HEARTBEAT_TIMEOUT, run_timeout=240.0)
+        self.steps = steps
+        self.start_coordinator()
 
     def start(self, host: str) -> None:
-        self.processes[host] = self._start(host, host, [
+        self.processes[host] = self._start(host, [
             sys.executable, str(ROOT / "mpi_examples" / "train_digits_ft.py"), "--coordinator",
             f"{self.address}:{self.port}", "--id", host, "--steps", str(self.steps), "--log-every", "5",
             "--events", str(self.directory / f"{host}.json")])
@@ -119,33 +111,19 @@ class DigitsJob:
         steps = re.findall(rf"^{host}: step (\d+) with", self.log(host), re.M)
         return int(steps[-1]) if steps else 0
 
-    def wait_until(self, condition, what: str, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
-            time.sleep(0.05)
-
     def finish(self) -> dict:
         """Every replica's final line: {host: (accuracy, replicas per step, sha256)}."""
-        for host, process in self.processes.items():
-            assert process.wait(240) == 0, f"{host} exited with {process.returncode}\n{self.logs()}"
+        for host in self.processes:
+            if self.wait(host) != 0:
+                self.fail(f"{host} exited with {self.processes[host].returncode}")
         results = {}
         for host in self.processes:
             found = re.search(rf"^{host}: {self.steps} steps, test accuracy ([\d.]+)%; replicas per step ([\dx ]+); "
                               r"samples per pass .*; parameters sha256 (\w+)$", self.log(host), re.M)
-            assert found, self.logs()
+            if found is None:
+                self.fail(f"{host} did not print its result line")
             results[host] = (float(found.group(1)), found.group(2), found.group(3))
         return results
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {path.name} ---\n{path.read_text()[-3000:]}"
-                         for path in sorted(self.directory.glob("*.log")))
-
-    def close(self) -> None:
-        for process in [*self.processes.values(), self.coordinator]:
-            if process.poll() is None:
-                kill_tree(process.pid)
-                process.wait(30)
 
 
 def run_digits(cluster, directory, steps: int, fail: bool) -> dict:

@@ -3,23 +3,13 @@ over the rank's socket transport; each function returns (error type, message, se
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 
 import numpy as np
 
 from commlib.errors import CommError
-
-
-def _group(state):
-    if getattr(state, "group", None) is None:
-        from commlib.config import load_config
-        from commlib.group.process_group import ProcessGroup
-
-        config = dataclasses.replace(load_config(), shm=False, crash_witness=False)
-        state.group = ProcessGroup(transport=state.transport, timeout=60, config=config, name="abortable")
-    return state.group
+from tests.support.socket_world import process_group
 
 
 def _outcome(call, started):
@@ -31,7 +21,7 @@ def _outcome(call, started):
 
 
 def setup(state):
-    group = _group(state)
+    group = process_group(state, "abortable")
     group.barrier()
     return group.rank
 
@@ -40,7 +30,7 @@ def allreduce_aborted_by(state, aborter: int, absent: int, after: float):
     """Every rank but ``absent`` (a peer cut off: it sends nothing) enters an allreduce that
     cannot finish; ``aborter`` aborts its group from another thread ``after`` seconds in.
     ``absent`` sleeps, then calls the allreduce too, late."""
-    group = _group(state)
+    group = process_group(state, "abortable")
     buf = np.ones(1 << 16, np.float32)
     if group.rank == absent:
         time.sleep(after + 1.0)
@@ -51,14 +41,14 @@ def allreduce_aborted_by(state, aborter: int, absent: int, after: float):
 
 
 def next_collective(state):
-    group = _group(state)
+    group = process_group(state, "abortable")
     started = time.monotonic()
     return _outcome(lambda: group.barrier(), started)
 
 
 def recv_aborted(state, after: float):
     """Rank 0 waits for a message nobody sends; another thread aborts the group."""
-    group = _group(state)
+    group = process_group(state, "abortable")
     if group.rank != 0:
         return "ok", "", 0.0
     threading.Timer(after, group.abort, args=("no sender",)).start()

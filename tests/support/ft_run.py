@@ -35,7 +35,7 @@ class Run:
     replica on ``hosts[replica]`` (default: the first host), its groups on the hosts' links."""
 
     def __init__(self, directory: Path, initial: int, *, cluster=None, hosts: Optional[Dict[str, str]] = None,
-                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT):
+                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT, run_timeout: float = RUN_TIMEOUT):
         self.directory = directory
         self.port = free_port()
         self.initial = initial
@@ -43,7 +43,8 @@ class Run:
         self.heartbeat_timeout = heartbeat_timeout
         self.processes: Dict[str, subprocess.Popen] = {}
         self.coordinator: Optional[subprocess.Popen] = None
-        self.deadline = time.monotonic() + RUN_TIMEOUT
+        self.run_timeout = run_timeout
+        self.deadline = time.monotonic() + run_timeout
         self.env = base_env({"MPI4PY_RC_INITIALIZE": "0"})
         self.address = "127.0.0.1"
         if cluster is not None:
@@ -119,7 +120,7 @@ class Run:
         try:
             return process.wait(max(1.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            self.fail(f"replica {replica} still running after {RUN_TIMEOUT:g} s")
+            self.fail(f"replica {replica} still running after {self.run_timeout:g} s")
         raise AssertionError("unreachable")
 
     def logs(self) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 from commlib.rendezvous import Rendezvous, TCPStoreServer
 from commlib.rendezvous.secret import JobSecret, secret_from_text
 
-__all__ = ["SocketWorld", "RankSetup", "SECRET", "RankFailed"]
+__all__ = ["SocketWorld", "RankSetup", "SECRET", "RankFailed", "process_group"]
 
 SECRET = secret_from_text("the socket world's job secret", "tests")
 
@@ -95,6 +95,21 @@ class RankState:
         self.rank, self.size = rank, size
         self.store, self.rendezvous, self.transport = store, rendezvous, transport
         self.refusals = refusals
+        self.group = None  # process_group's, once a test asks for one
+
+
+def process_group(state: RankState, name: str):
+    """The rank's :class:`commlib.group.process_group.ProcessGroup` over its socket transport,
+    made at the first call (later calls give the same group): sockets only, no crash witness,
+    a 60 s timeout."""
+    group = state.group
+    if group is None:
+        from commlib.config import load_config
+        from commlib.group.process_group import ProcessGroup
+
+        config = dataclasses.replace(load_config(), shm=False, crash_witness=False)
+        group = state.group = ProcessGroup(transport=state.transport, timeout=60, config=config, name=name)
+    return group
 
 
 class _Collect(logging.Handler):
