@@ -179,9 +179,7 @@ class ProgressEngine:
                 continue
             for fd, events in poll(min(remaining, 3600.0)):
                 connection = by_fd.get(fd)
-                if connection is None:
-                    if fd == self.wake_fd:
-                        self._fail(self.interrupted or CommError(f"rank {self.rank}: interrupted"))
+                if connection is None:  # the wake descriptor: the loop's next round sees interrupted
                     continue
                 if events & _CLOSED:
                     self._unregister(connection)
