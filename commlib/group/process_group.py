@@ -413,11 +413,12 @@ class ProcessGroup:
         among a host's ranks still ends at its deadline. MPI cannot end one communicator's
         collective (the MPICH wheel has no revoke): :class:`InvalidUsageError` there. The group
         must still be closed."""
-        interrupt = getattr(self.transport, "interrupt", None)
-        if interrupt is None:
+        try:
+            self.transport.interrupt(GroupAbortedError(f"group {self.name!r} rank {self.rank} of {self.size}: "
+                                                       f"aborted: {reason}"))
+        except NotImplementedError:
             raise InvalidUsageError(f"{self!r}.abort: {self.transport!r} cannot be interrupted (only the socket "
-                                    f"transport can); end the job instead")
-        interrupt(GroupAbortedError(f"group {self.name!r} rank {self.rank} of {self.size}: aborted: {reason}"))
+                                    f"transport can); end the job instead") from None
         if isinstance(self.p2p, SocketPointToPoint):
             self.p2p.engine.close(reason)
 

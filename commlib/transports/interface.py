@@ -311,6 +311,12 @@ class Transport(abc.ABC):
         context's deadline. Only transports a group is created over implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot create sub-groups")
 
+    def interrupt(self, error: Exception) -> None:
+        """From any thread: the collective in progress, and every later one, ends with ``error``.
+        Only transports that can stop a wait from outside implement it (sockets); MPI cannot end
+        one communicator's collective."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be interrupted")
+
     def free_communicator(self) -> None:  # noqa: B027 - optional: most transports hold nothing of the kind
         """Release what ties the transport to its ranks (MPI: the communicator), last, at the
         group's close. Local and idempotent; nothing by default."""
