@@ -10,16 +10,29 @@ manager's allreduce): the average must wait for the commit decision anyway, and 
 keeps the replay of a run exact. The model's state (parameters and buffers) is registered with
 the manager for catch-up, and this module gives the manager its codec: ``torch.save`` /
 ``torch.load(weights_only=True)``, which never runs code a peer sent.
+
+``FaultTolerantDiLoCo`` is the low-communication counterpart: one fault-tolerant step is one
+outer round of DiLoCo (``sync_every`` inner steps on the replica's own data, then one average of
+the pseudo-gradients over the round's quorum and the outer optimizer's step). Nothing crosses
+the network between synchronisations, not even a vote: a replica lost during a round is found
+at its average, the round is discarded everywhere (every member's parameters and inner
+optimizer go back to the round's start) and redone by the next quorum, whose members share the
+lost replica's samples.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 from typing import List
 
+import numpy as np
 import torch
 
-__all__ = ["FaultTolerantDDP", "TorchCodec", "flatten_gradients", "unflatten_gradients"]
+from commlib.errors import InvalidUsageError
+
+__all__ = ["FaultTolerantDDP", "FaultTolerantDiLoCo", "TorchCodec", "flatten_gradients", "unflatten_gradients",
+           "pseudo_gradient"]
 
 
 class TorchCodec:
@@ -85,3 +98,81 @@ class FaultTolerantDDP(torch.nn.Module):
         flat = flatten_gradients(self.params)
         self.manager.allreduce_average(flat.numpy(), self.manager.gradient_weight())
         unflatten_gradients(self.params, flat)
+
+
+class FaultTolerantDiLoCo:
+    """DiLoCo (Douillard et al., arXiv 2311.08105) over ``manager``'s quorums: one committed step
+    of the manager is one outer round. ``manager.configure_data`` gets the samples of a round per
+    replica (``sync_every`` inner batches)::
+
+        manager.configure_data(len(data), batch_size * sync_every)
+        diloco = FaultTolerantDiLoCo(net, manager, inner, outer, sync_every=50)
+        while manager.steps < rounds:
+            for batch in diloco.round():    # this replica's share of the round, in inner batches
+                inner.zero_grad(); loss_of(net, batch).backward(); inner.step()
+            diloco.sync()                   # True when the round committed
+
+    At ``sync``, with ``theta`` the parameters at the round's start (the same on every member)
+    and ``local`` this replica's after its inner steps: the members average ``theta - local``
+    (weighted by their shares of the round's samples), the parameters go back to ``theta``, and
+    the outer optimizer steps with that average as their gradient (every member lands on the
+    same parameters). A discarded round puts the parameters and the inner optimizer back where
+    the round started. The inner optimizer's state stays local, as in the paper; a joiner takes
+    its source's with the parameters and the outer optimizer's state.
+    """
+
+    def __init__(self, module: torch.nn.Module, manager, inner_optimizer: torch.optim.Optimizer,
+                 outer_optimizer: torch.optim.Optimizer, *, sync_every: int):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"FaultTolerantDiLoCo: expected a torch.nn.Module, got {type(module).__name__}")
+        if int(sync_every) < 1:
+            raise InvalidUsageError(f"FaultTolerantDiLoCo: sync_every must be >= 1, got {sync_every}")
+        self.module, self.manager = module, manager
+        self.inner, self.outer = inner_optimizer, outer_optimizer
+        self.sync_every = int(sync_every)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self._start: List[torch.Tensor] = []
+        self._inner_start: dict = {}
+        self._open = False
+        if manager.codec is None:
+            manager.codec = TorchCodec()
+        manager.register_state("model", module.state_dict, module.load_state_dict)
+        manager.register_state("inner", inner_optimizer.state_dict, inner_optimizer.load_state_dict)
+        manager.register_state("outer", outer_optimizer.state_dict, outer_optimizer.load_state_dict)
+
+    def round(self) -> List[np.ndarray]:
+        """Open the round (joining a quorum and catching up first if needed): this replica's
+        sample indices of it, split into ``sync_every`` inner batches (empty ones left out)."""
+        self.manager.start_step()
+        self._start = [p.detach().clone() for p in self.params]
+        self._inner_start = copy.deepcopy(self.inner.state_dict())
+        self._open = True
+        indices = self.manager.batch_indices()
+        return [chunk for chunk in np.array_split(indices, self.sync_every) if chunk.size]
+
+    def sync(self) -> bool:
+        """End the round: average, vote, and apply the outer step or go back (see the class)."""
+        if not self._open:
+            raise InvalidUsageError("FaultTolerantDiLoCo.sync: no round is open (call round() first)")
+        delta = pseudo_gradient(self._start, self.params)
+        self.manager.allreduce_average(delta.numpy(), self.manager.gradient_weight())
+        committed = self.manager.should_commit()
+        with torch.no_grad():
+            for param, start in zip(self.params, self._start):
+                param.copy_(start)
+        if committed:
+            for param in self.params:
+                param.grad = None
+            unflatten_gradients(self.params, delta)
+            self.outer.step()
+            for param in self.params:
+                param.grad = None
+        else:
+            self.inner.load_state_dict(self._inner_start)
+        self._start, self._open = [], False
+        return committed
+
+
+def pseudo_gradient(start: List[torch.Tensor], params: List[torch.nn.Parameter]) -> torch.Tensor:
+    """``start - params`` of every parameter, in one contiguous CPU tensor."""
+    return torch.cat([(first - param.detach()).reshape(-1).cpu() for first, param in zip(start, params)])

@@ -1,5 +1,6 @@
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,21 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(
             f"rank-script checks: {sum(job.checks for job in jobs)} (Checker.checks over all ranks) "
             f"in {len(jobs)} jobs")
+
+
+# The kinds of test, longest files first: under ``-n 3 --dist loadfile`` the workers take files
+# in collection order, so the long multi-host and launcher files start at once and the many
+# short one-process files fill the end, instead of one long file running alone at the end.
+_LONG_FIRST = ("multihost", "ft", "launch", "mpi", "torchsuite", "sockets", "unit")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def kind(item) -> int:
+        parts = Path(str(item.fspath)).parts
+        folder = parts[parts.index("tests") + 1] if "tests" in parts else ""
+        return _LONG_FIRST.index(folder) if folder in _LONG_FIRST else len(_LONG_FIRST)
+
+    items.sort(key=kind)  # stable: the order inside a kind stays pytest's
 
 
 def pytest_sessionstart(session):

@@ -5,6 +5,7 @@ a rate-limited network) is tested on "hosts" made here, on this machine, as root
 
     python -m commlib.cluster up 2 --rate 1gbit            # prints the cluster's name
     python -m commlib.cluster run -n 4 -ppn 2 -- .venv/bin/python mpi_examples/train_digits.py
+    python -m commlib.cluster limit h1 10mbit                # h1 turns slow (none: back)
     python -m commlib.cluster down
 
 From Python (the tests)::
@@ -41,7 +42,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from commlib.cluster import netns
 from commlib.cluster.state import (HOST_INTERFACE, STATE_DIR, ClusterError, check_request, describe, list_states,
-                                   new_state, owner_alive, state_lock)
+                                   new_state, owner_alive, parse_rate, state_lock)
 
 __all__ = ["Cluster", "ClusterError", "ClusterTimeout", "unavailable_reason", "reap_stale",
            "network_env"]
@@ -208,6 +209,13 @@ class Cluster:
             raise
         return subprocess.CompletedProcess(full, process.returncode, out or "", "")
 
+    def limit(self, host: str, rate: Optional[str]) -> None:
+        """Limit one host's link to ``rate`` (tc units) both ways, now, while jobs run on it (a
+        host that turns slow); ``None``: back to the cluster's rate (none if it has none)."""
+        if rate is not None:
+            parse_rate(rate)  # a clear error before anything is changed
+        netns.limit_host(self.state, host, rate)
+
     # -- removing it ---------------------------------------------------------------------------
     def down(self) -> None:
         """Kill what runs on the hosts and remove everything the cluster made. Idempotent."""
@@ -288,6 +296,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     on.add_argument("--name")
     on.add_argument("host")
     on.add_argument("cmd", nargs=argparse.REMAINDER)
+    limit = commands.add_parser("limit", help="limit one host's link now: limit [--name N] HOST RATE|none")
+    limit.add_argument("--name")
+    limit.add_argument("host")
+    limit.add_argument("rate", help="tc units (10mbit, 1gbit), or none: back to the cluster's rate")
     down = commands.add_parser("down", help="remove a cluster (idempotent with --name)")
     down.add_argument("--name")
     commands.add_parser("list", help="the clusters on this machine")
@@ -318,6 +330,9 @@ def _command(args, parser) -> int:
         if args.name is not None and not (STATE_DIR / f"{args.name}.json").exists():
             return 0  # idempotent: already gone
         Cluster.attach(args.name).down()
+        return 0
+    if args.command == "limit":
+        Cluster.attach(args.name).limit(args.host, None if args.rate == "none" else args.rate)
         return 0
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:

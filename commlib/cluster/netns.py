@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence
 
 from commlib.cluster.state import HOST_INTERFACE, ClusterError, ClusterState, parse_rate
 
-__all__ = ["unavailable_reason", "build", "tear_down", "host_argv", "namespace_exists",
+__all__ = ["unavailable_reason", "build", "tear_down", "host_argv", "namespace_exists", "limit_host",
            "kill_namespace_processes", "write_launcher", "command"]
 
 _BRIDGE = "br0"
@@ -116,8 +116,9 @@ def _remove_hosts_files(state: ClusterState) -> None:
             pass
 
 
-def shape(state: ClusterState, namespace: str, device: str) -> None:
-    rate = state.rate
+def shape(state: ClusterState, namespace: str, device: str, rate: Optional[str] = None) -> None:
+    """A ``tbf`` of ``rate`` (default: the cluster's) on ``device``'s egress in ``namespace``."""
+    rate = rate or state.rate
     assert rate is not None  # only a rate-limited cluster is shaped
     bits = parse_rate(rate)
     # The bucket holds at least 64 KiB (a GSO packet) or 4 ms at the rate; the queue 50 ms.
@@ -125,6 +126,19 @@ def shape(state: ClusterState, namespace: str, device: str) -> None:
     command(["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf", "rate",
              rate, "burst", str(burst), "latency", "50ms"],
             f"cluster {state.name}: rate limit on {device} in {namespace}")
+
+
+def limit_host(state: ClusterState, hostname: str, rate: Optional[str]) -> None:
+    """Give one host's link ``rate`` in both directions, while things run (a host that becomes
+    slow); ``None`` puts back the cluster's own rate, or no limit in a cluster without one."""
+    host = state.host(hostname)
+    ends = [(host.hostname, HOST_INTERFACE), (state.switch, host.switch_port)]
+    for namespace, device in ends:
+        if rate is not None or state.rate is not None:
+            shape(state, namespace, device, rate)
+        else:  # back to the veth's default queue; absent already is fine (never limited)
+            subprocess.run(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def kill_namespace_processes(namespaces: Sequence[str]) -> List[int]:

@@ -10,13 +10,15 @@
 :mod:`.coordinator` decides quorums over our TCP store (not imported here: it runs with
 ``-m``); :mod:`.manager` is a replica's side of the
 protocol (steps commit or are discarded everywhere); :mod:`.catchup` moves state to a joiner;
-:mod:`.sampling` assigns samples and keeps the ledger; :mod:`.keys` is the store's layout.
+:mod:`.sampling` assigns samples and keeps the ledger; :mod:`.links` finds a slow member;
+:mod:`.keys` is the store's layout.
 See docs/fault-tolerance.md.
 """
 
 from commlib.ft.catchup import CatchUp
+from commlib.ft.links import SlowReplicas
 from commlib.ft.manager import Manager, finish_average
 from commlib.ft.optimizer import OptimizerWrapper
 from commlib.ft.sampling import Ledger, StepRecord
 
-__all__ = ["Manager", "OptimizerWrapper", "CatchUp", "Ledger", "StepRecord", "finish_average"]
+__all__ = ["Manager", "OptimizerWrapper", "CatchUp", "Ledger", "StepRecord", "SlowReplicas", "finish_average"]

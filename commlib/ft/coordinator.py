@@ -9,8 +9,11 @@ things: when the current epoch must end (``closed``: a member's heartbeat connec
 (its process died: the store deletes its ephemeral ``live`` key at once), or its heartbeat
 stopped changing for ``heartbeat_timeout`` (hung, or cut off), or a live replica waits to
 join), and who the next epoch's members are (every live waiting replica, once the members of
-the closed epoch have left it). Steps never come here: each is decided among its members, over
-their group (see :mod:`commlib.ft.manager`).
+the closed epoch have left it, except one on probation: its epoch's members found it slow
+(``slow <replica>``, see :mod:`commlib.ft.links`); it is kept out for ``slow_probation`` seconds,
+twice that the next time, up to 16 times, unless the quorum could not form without it).
+Steps never come here: each is decided among its members, over their group (see
+:mod:`commlib.ft.manager`).
 
 Its state is soft: a restarted coordinator (same address, an empty store) listens for
 ``grace`` seconds, learns the replicas and their epochs from their heartbeats (they register
@@ -55,12 +58,13 @@ class Coordinator:
     set of waiting replicas stayed the same this long (replicas that start together join
     together). ``drain_timeout``: how long the members of a closed epoch may take to leave it
     (finish or discard their step) before the next quorum forms without them.
+    ``slow_probation``: how long a replica found slow first waits before it may join again.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: Optional[JobSecret] = None, *,
                  heartbeat_timeout: float = 0.8, min_replicas: int = 1, initial_replicas: int = 1,
                  join_window: float = 0.3, drain_timeout: float = 30.0, grace: Optional[float] = None,
-                 tick: float = 0.02):
+                 tick: float = 0.02, slow_probation: float = 30.0):
         self.server = TCPStoreServer(host, port, secret)
         self.host, self.port = host, self.server.port
         self.secret = secret
@@ -71,6 +75,9 @@ class Coordinator:
         self.drain_timeout = float(drain_timeout)
         self.grace = 2 * self.heartbeat_timeout if grace is None else float(grace)
         self.tick = float(tick)
+        self.slow_probation = float(slow_probation)
+        self.probation: Dict[str, float] = {}  # replica -> when it may join again (this clock)
+        self.times_slow: Dict[str, int] = {}
         self.replicas: Dict[str, _Seen] = {}
         self.slots_read = 0
         self.current: Optional[keys.Quorum] = None
@@ -169,6 +176,11 @@ class Coordinator:
         if current is not None and self.closed_at is None:
             return
         waiting = sorted(replica for replica, record in alive.items() if record.state == keys.WAITING)
+        first = current is None and all(record.epoch < 0 for record in alive.values())
+        needed = self.initial_replicas if first else self.min_replicas
+        eligible = [replica for replica in waiting if not self._on_probation(replica, now)]
+        if len(eligible) >= needed:
+            waiting = eligible  # else a slow replica is better than no quorum
         if waiting != self.last_waiting:
             self.last_waiting, self.waiting_since = waiting, now
         if self.closed_at is not None and now - self.closed_at < self.drain_timeout:
@@ -183,20 +195,37 @@ class Coordinator:
                        default=0)
         if waiting and max(alive[replica].step for replica in waiting) < progress:
             return
-        first = current is None and all(record.epoch < 0 for record in alive.values())
-        if len(waiting) < (self.initial_replicas if first else self.min_replicas):
+        if len(waiting) < needed:
             return
         if now - self.waiting_since < self.join_window:
             return
         reported = max([record.epoch for record in alive.values()] + [current.epoch if current else -1])
         epoch = reported + 1
         reason = "first quorum" if first else (f"after epoch {current.epoch}" if current else "coordinator restarted")
+        out = [replica for replica in alive if self._on_probation(replica, now) and replica not in waiting]
+        if out:
+            reason += "; on probation: " + ", ".join(
+                f"{replica} for {self.probation[replica] - now:.1f} s more" for replica in sorted(out))
         quorum = keys.Quorum(epoch, waiting, reason)
         store.set(keys.quorum(epoch), quorum.encode())
         store.set(keys.LATEST, str(epoch))
         self.current, self.closed_at, self.lost_marked = quorum, None, False
         self.quorums.append(quorum)
         log.info("epoch %d: members %s (%s)", epoch, ",".join(waiting), reason)
+
+    def _on_probation(self, replica: str, now: float) -> bool:
+        return self.probation.get(replica, 0.0) > now
+
+    def _put_on_probation(self, reason: str, now: float) -> None:
+        """``reason`` is a close for a slow member (``slow <replica> (...)``): keep it out."""
+        replica = reason[len(keys.SLOW_PREFIX):].split(" ", 1)[0]
+        if replica not in self.replicas:
+            return
+        times = self.times_slow.get(replica, 0)
+        self.times_slow[replica] = times + 1
+        seconds = self.slow_probation * 2 ** min(times, 4)
+        self.probation[replica] = now + seconds
+        log.info("%s is slow; on probation for %g s", replica, seconds)
 
     def _close_epochs_of_before(self, alive: Dict[str, keys.Heartbeat], store: TCPStore, now: float) -> None:
         """A restarted coordinator ends the epochs its replicas still train in (it does not know
@@ -222,10 +251,13 @@ class Coordinator:
             store.set(keys.closed(epoch), reason)
             self.lost_marked = True
         elif self.closed_at is None:
-            joining = sorted(replica for replica, record in alive.items()
-                             if replica not in current.members and record.state == keys.WAITING)
+            joining = sorted(replica for replica, record in alive.items() if replica not in current.members
+                             and record.state == keys.WAITING and not self._on_probation(replica, now))
             if store.check([keys.closed(epoch)]):
-                reason = "closed by a member"
+                said = store.get(keys.closed(epoch), 5.0).decode()
+                reason = f"closed by a member: {said}"
+                if said.startswith(keys.SLOW_PREFIX):
+                    self._put_on_probation(said, now)
             elif joining:
                 reason = keys.JOIN_PREFIX + ",".join(joining)
                 store.compare_set(keys.closed(epoch), "", reason)
@@ -252,6 +284,8 @@ def main(argv=None) -> None:
     parser.add_argument("--join-window", type=float, default=0.3)
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     parser.add_argument("--grace", type=float, default=None, help="seconds a (re)started coordinator listens first")
+    parser.add_argument("--slow-probation", type=float, default=30.0,
+                        help="seconds a replica found slow waits before it may join again (doubled each time)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     secret = configured_secret(load_config())
@@ -259,7 +293,8 @@ def main(argv=None) -> None:
         parser.error("no job secret: set COMMLIB_JOB_SECRET or COMMLIB_JOB_SECRET_FILE, or pass --open")
     coordinator = Coordinator(args.host, args.port, secret, heartbeat_timeout=args.heartbeat_timeout,
                               min_replicas=args.min_replicas, initial_replicas=args.initial_replicas,
-                              join_window=args.join_window, drain_timeout=args.drain_timeout, grace=args.grace)
+                              join_window=args.join_window, drain_timeout=args.drain_timeout, grace=args.grace,
+                              slow_probation=args.slow_probation)
     log.info("serving %s", coordinator.describe())
     try:
         coordinator.serve_forever()

@@ -8,8 +8,8 @@ by every replica of the job). The keys, by who writes them:
   closes, so a process that dies is seen at once, without waiting out a timeout), ``slots`` and
   ``slot/<i>`` (registration: the coordinator learns the replica ids from them);
 * the coordinator: ``q/<E>`` (the quorum record of epoch ``E``) and ``latest`` (the newest ``E``);
-* either: ``e<E>/closed`` (the epoch ends: a member was lost, one joins, a member failed, or
-  the coordinator restarted), by ``compare_set`` where the first reason should stay;
+* either: ``e<E>/closed`` (the epoch ends: a member was lost, one joins, a member failed or was
+  found slow, or the coordinator restarted), by ``compare_set`` where the first reason should stay;
 * the members of epoch ``E``: their group's rendezvous under ``e<E>/pg``.
 
 Steps never touch the store: their votes go over the members' group (:mod:`commlib.ft.manager`).
@@ -22,7 +22,7 @@ import json
 from typing import List, Optional
 
 __all__ = ["ROOT", "heartbeat", "live", "SLOTS", "slot", "LATEST", "quorum", "closed", "group_prefix",
-           "Heartbeat", "Quorum", "JOIN_PREFIX", "LOST_PREFIX", "WAITING", "TRAINING", "LEFT"]
+           "Heartbeat", "Quorum", "JOIN_PREFIX", "LOST_PREFIX", "SLOW_PREFIX", "WAITING", "TRAINING", "LEFT"]
 
 ROOT = "ft"
 SLOTS = f"{ROOT}/slots"
@@ -34,6 +34,9 @@ JOIN_PREFIX = "join: "
 # The coordinator lost a member (connection closed, or no heartbeat): the epoch's collectives
 # cannot finish, and its members abort their group at once (see Manager).
 LOST_PREFIX = "lost "
+#: The members found a member slow (see commlib.ft.links): ``slow <replica> (...)``. The step
+#: before it committed; the coordinator keeps that replica out for its probation.
+SLOW_PREFIX = "slow "
 #: What a replica says it is doing.
 WAITING, TRAINING, LEFT = "waiting", "training", "left"
 

@@ -23,6 +23,11 @@ applies nothing and counts itself *behind*. It leaves the epoch (which then ends
 their next step), and if another member did commit, the catch-up of the next quorum brings that
 state here; if none did, all redo the step. No member ever applies a partial average.
 
+A member that is slow (its host's network turned slow, yet it heartbeats) is found by link
+probes when the manager has a :class:`commlib.ft.links.SlowReplicas` policy: the members end
+the epoch after a committed step with ``slow <replica>``, and the coordinator keeps it out for a
+probation (see :mod:`commlib.ft.links`).
+
 A member that is cut off (a host whose network went down) sends nothing, not even a close, so
 the others' collectives would wait for it until the group's timeout. The coordinator sees its
 heartbeats stop and closes the epoch with a ``lost`` reason; each member's heartbeat thread
@@ -46,6 +51,7 @@ from commlib.errors import CommError, CommTimeoutError, InvalidUsageError
 from commlib.ft import keys
 from commlib.ft.catchup import CatchUp, Payload, catch_up
 from commlib.ft.heartbeat import HeartbeatThread
+from commlib.ft.links import SlowReplicas, probe_links, slowest_member
 from commlib.ft.sampling import Ledger, share_weight, shares
 from commlib.rendezvous.secret import JobSecret
 from commlib.rendezvous.tcp_store import TCPStore
@@ -81,12 +87,14 @@ class Manager:
     without exiting is found by it; one that exits, within a second) and building one;
     ``connect_timeout`` how long a replica waits for a (restarted) coordinator.
     ``algorithm``: the allreduce of the gradients (a fixed one, so a replay of the same member
-    sets is bitwise the same; ring by default).
+    sets is bitwise the same; ring by default). ``slow_replicas``: probe the members' links and
+    exclude a slow one (off by default; see :mod:`commlib.ft.links`).
     """
 
     def __init__(self, coordinator: str, replica_id: Optional[str] = None, *, secret: Optional[JobSecret] = None,
                  heartbeat_interval: float = 0.1, timeout: float = 60.0,
-                 connect_timeout: float = 120.0, join_timeout: float = 600.0, algorithm: str = "ring"):
+                 connect_timeout: float = 120.0, join_timeout: float = 600.0, algorithm: str = "ring",
+                 slow_replicas: Optional[SlowReplicas] = None):
         self.host, self.port = _address(coordinator)
         self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
         if "/" in self.replica_id or not self.replica_id:
@@ -95,6 +103,11 @@ class Manager:
         self.timeout = float(timeout)
         self.connect_timeout, self.join_timeout = float(connect_timeout), float(join_timeout)
         self.algorithm = algorithm
+        if slow_replicas is not None and not isinstance(slow_replicas, SlowReplicas):
+            raise InvalidUsageError(f"Manager: slow_replicas must be a SlowReplicas, got "
+                                    f"{type(slow_replicas).__name__}")
+        self.slow_replicas = slow_replicas
+        self._allreduce_seconds: List[float] = []  # this epoch's gradient allreduces (the slow-step trigger)
         # Replicas stand for hosts: their group talks over sockets only, and a killed replica
         # leaves no shared memory behind.
         self.group_config = dataclasses.replace(load_config(), shm=False, crash_witness=False)
@@ -216,8 +229,10 @@ class Manager:
         group = self.group
         assert group is not None
         try:
+            started = time.perf_counter()
             if group.size > 1:
                 group.allreduce(flat, algorithm=self.algorithm)
+            self._allreduce_seconds.append(time.perf_counter() - started)
             finish_average(flat, group.size)
         except CommError as error:
             self.failure = error
@@ -232,7 +247,7 @@ class Manager:
         epoch, step, members, group = self.epoch, self.steps, self.members, self.group
         assert group is not None
         closing = bool(self.heartbeat.watched(keys.closed(epoch)))
-        ballot = np.array([self.failure is not None, closing], np.int64)
+        ballot = np.array([self.failure is not None, closing, self._wants_probe()], np.int64)
         result: Optional[str] = None
         try:
             if group.size > 1:
@@ -248,6 +263,11 @@ class Manager:
                         last=result == COMMIT_LAST)
         else:
             self._event("abort" if result else "outcome-unknown", step=step, members=members)
+        if result == COMMIT and ballot[2]:
+            reason = self._probe(group, epoch, members)
+            if reason is not None:  # the step stands; the epoch ends after it
+                self._close_epoch(epoch, reason)
+                result = COMMIT_LAST
         if result != COMMIT:
             if result != COMMIT_LAST:
                 self._close_epoch(epoch, f"{self.replica_id}: step {step} {'discarded' if result else 'undecided'}: "
@@ -307,6 +327,35 @@ class Manager:
             except Exception as error:  # noqa: BLE001 - the heartbeat must go on; the step then fails at its timeout
                 self._event("abort-failed", error=f"{type(error).__name__}: {error}"[:300])
 
+    def _wants_probe(self) -> bool:
+        """This member's ballot for a link probe after the step (see :mod:`commlib.ft.links`)."""
+        policy = self.slow_replicas
+        if policy is None or len(self.members) < 3:
+            return False
+        if policy.every and (self.steps + 1) % policy.every == 0:
+            return True
+        seconds = self._allreduce_seconds
+        return len(seconds) > 5 and seconds[-1] > policy.slow_step * float(np.median(seconds[:-1]))
+
+    def _probe(self, group, epoch: int, members: List[str]) -> Optional[str]:
+        """Probe the members' links; the reason to end the epoch (a member is slow, or the probe
+        failed), or None. Every member gets the same matrix, so all decide alike."""
+        policy = self.slow_replicas
+        assert policy is not None
+        self._allreduce_seconds = []  # the trigger waits for new steps after a probe
+        started = time.perf_counter()
+        try:
+            rates = probe_links(group, policy.probe_bytes, policy.repeats)
+        except CommError as error:
+            self._event("probe-failed", epoch=epoch, error=str(error)[:300])
+            return f"{self.replica_id}: link probe failed: {error}"
+        slow = slowest_member(rates, policy)
+        self._event("probe", epoch=epoch, members=members, seconds=time.perf_counter() - started,
+                    rates_mb_s=np.round(rates / 1e6, 3).tolist(), slow=members[slow.rank] if slow else None)
+        if slow is None:
+            return None
+        return keys.SLOW_PREFIX + slow.describe(members[slow.rank])
+
     def _epoch_lost(self) -> bool:
         """Before a step: leave an epoch that is closed for any reason but a joiner (a member was
         lost: its allreduce could only fail; or the coordinator restarted)."""
@@ -357,6 +406,13 @@ class Manager:
             group = group_over_store(self._store, rank, len(quorum.members), timeout=self.timeout,
                                      name=f"ft-e{quorum.epoch}", prefix=keys.group_prefix(quorum.epoch),
                                      config=self.group_config)
+            if self.slow_replicas is not None and len(quorum.members) >= 3:
+                # Before the catch-up: a joiner that is still slow goes back without a transfer.
+                reason = self._probe(group, quorum.epoch, quorum.members)
+                if reason is not None:
+                    group.close()
+                    self._close_epoch(quorum.epoch, reason)
+                    return False
             self.last_catch_up = catch_up(group, self.steps, self._save, self._load, chunk_sent=self._chunk_sent)
         except CommError as error:
             self._event("enter-failed", joining=quorum.epoch, error=str(error)[:300])
@@ -369,6 +425,7 @@ class Manager:
                 self._store_lost(lost)
             return False
         self.group, self.quorum, self.epoch = group, quorum, quorum.epoch
+        self._allreduce_seconds = []
         self.heartbeat.watch(keys.closed(quorum.epoch))
         self._event("quorum", members=quorum.members, rank=rank, reason=quorum.reason,
                     setup_s=time.perf_counter() - started, catch_up_bytes=self.last_catch_up.nbytes,

@@ -1,5 +1,6 @@
-"""What the ranks of a :class:`tests.support.socket_world.SocketWorld` run for the catch-up tests:
-:func:`commlib.ft.catchup.catch_up` over a group on the rank's socket transport."""
+"""What the ranks of a :class:`tests.support.socket_world.SocketWorld` run for the catch-up and
+link-probe tests: :func:`commlib.ft.catchup.catch_up` and :func:`commlib.ft.links.probe_links`
+over a group on the rank's socket transport."""
 
 from __future__ import annotations
 
@@ -43,3 +44,16 @@ def catch_up_case(state, steps_by_rank, nbytes, writable, wrong_digest=False):
 
 
 _ORIGINAL_SEND = catchup._send_payload
+
+
+def probe_case(state, probe_bytes, pair_only=False):
+    """:func:`commlib.ft.links.probe_links` over the world (or over ranks 0 and 1 only): each
+    rank's matrix, as a list (None on a rank outside the group)."""
+    from commlib.ft.links import probe_links
+
+    group = process_group(state, "catchup")
+    if pair_only:
+        group = group.new_group([0, 1])
+        if group is None:
+            return None
+    return probe_links(group, probe_bytes).tolist()

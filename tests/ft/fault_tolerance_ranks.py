@@ -8,6 +8,9 @@ SIGKILLs itself when it reaches that step (POINT: ``forward`` before its forward
 second chunk of its state to a joiner; STEP ``*``: any step), and it writes its final
 parameters, ledger and events to ``--out``. ``--ballast-mib N`` adds N MiB to the state a
 joiner takes (every replica of a run must give the same N), so that a catch-up has chunks.
+``--diloco H`` trains with :class:`ddp.FaultTolerantDiLoCo` instead (a step is a round of H
+inner steps). ``--probe-every N --slow-below BYTES_PER_S --slow-ratio R`` turns on the search for a slow
+member (:class:`commlib.ft.SlowReplicas`): a link probe every N steps and when an epoch starts.
 """
 
 import argparse
@@ -19,8 +22,8 @@ import time
 
 import torch
 
-from commlib.ft import Manager, keys
-from ddp import FaultTolerantDDP
+from commlib.ft import Manager, SlowReplicas, keys
+from ddp import FaultTolerantDDP, FaultTolerantDiLoCo
 from tests.support import ft_training
 
 
@@ -31,6 +34,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--die-at", default="")
     parser.add_argument("--ballast-mib", type=int, default=0)
+    parser.add_argument("--diloco", type=int, default=0, metavar="H")
+    parser.add_argument("--probe-every", type=int, default=0)
+    parser.add_argument("--slow-below", type=float, default=None)
+    parser.add_argument("--slow-ratio", type=float, default=0.1)
     parser.add_argument("--out", required=True)
     parser.add_argument("--progress", default="")
     parser.add_argument("--ready", default="", help="a file written once the replica is heartbeating")
@@ -53,13 +60,22 @@ def main() -> None:
                     handle.write(str(manager.steps))
             os.kill(os.getpid(), signal.SIGKILL)
 
-    manager = Manager(args.coordinator, args.id, timeout=30.0, heartbeat_interval=0.1)
+    slow = None
+    if args.probe_every:
+        slow = SlowReplicas(every=args.probe_every, below=args.slow_below, ratio=args.slow_ratio)
+    manager = Manager(args.coordinator, args.id, timeout=30.0, heartbeat_interval=0.1, slow_replicas=slow)
     if args.ready:
         open(args.ready, "w").close()
-    manager.configure_data(ft_training.DATASET_SIZE, ft_training.BATCH_SIZE, ft_training.SEED)
+    rounds = max(1, args.diloco)  # a DiLoCo step takes a round's samples: H inner batches
+    manager.configure_data(ft_training.DATASET_SIZE, ft_training.BATCH_SIZE * rounds, ft_training.SEED)
     net, inputs, targets = ft_training.build()
-    model = FaultTolerantDDP(net, manager)
-    optimizer = manager.optimizer(ft_training.optimizer(model.parameters()))
+    if args.diloco:
+        inner = ft_training.inner_optimizer(net.parameters())
+        diloco = FaultTolerantDiLoCo(net, manager, inner, ft_training.outer_optimizer(net.parameters()),
+                                     sync_every=args.diloco)
+    else:
+        model = FaultTolerantDDP(net, manager)
+        optimizer = manager.optimizer(ft_training.optimizer(model.parameters()))
     if die_point == "allreduce":
         manager.gradient_hooks.append(lambda: maybe_die("allreduce"))
     if die_point == "catchup":
@@ -81,16 +97,28 @@ def main() -> None:
             step, _, gate = pause.partition(":")
             while manager.steps == int(step) and not os.path.exists(gate):
                 time.sleep(0.01)
-        optimizer.zero_grad()
-        indices = torch.from_numpy(manager.batch_indices())
-        maybe_die("forward")
-        loss = ft_training.loss(model(inputs[indices]), targets[indices])
-        loss.backward()
-        optimizer.step()
-        if os.environ.get("FT_VERBOSE"):
-            for event in manager.events[shown:]:
+        if args.diloco:
+            chunks = diloco.round()
+            for position, chunk in enumerate(chunks):
+                if position == len(chunks) // 2:
+                    maybe_die("forward")  # in the middle of the round's inner steps
+                inner.zero_grad()
+                batch = torch.from_numpy(chunk)
+                ft_training.loss(net(inputs[batch]), targets[batch]).backward()
+                inner.step()
+            diloco.sync()
+        else:
+            optimizer.zero_grad()
+            indices = torch.from_numpy(manager.batch_indices())
+            maybe_die("forward")
+            loss = ft_training.loss(model(inputs[indices]), targets[indices])
+            loss.backward()
+            optimizer.step()
+        verbose = os.environ.get("FT_VERBOSE")
+        for event in manager.events[shown:]:  # every event with FT_VERBOSE, the probes always
+            if verbose or event["kind"].startswith("probe"):
                 print(f"{args.id}: {time.time() - event['t']:.3f} s ago: {event}", flush=True)
-            shown = len(manager.events)
+        shown = len(manager.events)
         if args.progress:
             with open(args.progress, "w") as handle:
                 handle.write(str(manager.steps))

@@ -1,11 +1,13 @@
 """The catch-up's transfer over real sockets between processes (the chunked pipeline, the
-checksum, who sends and who keeps its state); tests/ft/test_fault_tolerance.py runs it inside
-whole jobs."""
+checksum, who sends and who keeps its state), and the link probe that finds a slow member;
+tests/ft/test_fault_tolerance.py runs them inside whole jobs, tests/multihost/test_ft_hosts.py
+with a slow host."""
 
 from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import pytest
 
 from commlib.ft.catchup import CHUNK_BYTES
@@ -59,3 +61,20 @@ def test_a_checksum_that_disagrees_loads_nothing_and_names_both_sides(world):
     # the world still works: the failed rank raised after the last collective of the catch-up
     results = world.run(TARGET, [2, 1, 2], 10, True)
     assert results[1][0] == _digest(0, 2, 10)
+
+
+@pytest.mark.parametrize("pair_only", [False, True], ids=["three", "two"])
+def test_the_link_probe_gives_every_member_the_same_matrix_of_real_rates(world, pair_only):
+    from commlib.ft.links import SlowReplicas, slowest_member
+
+    results = world.run("tests.ft.catchup_ranks:probe_case", 64 << 10, pair_only)
+    matrices = [np.array(result) for result in results if result is not None]
+    size = 2 if pair_only else 3
+    assert len(matrices) == size and all(np.array_equal(matrix, matrices[0]) for matrix in matrices)
+    rates = matrices[0]
+    off = ~np.eye(size, dtype=bool)
+    assert rates.shape == (size, size) and (np.diag(rates) == 0).all()
+    # Loopback: far above the 10 Mbit/s of a slow host, far below what a payload already in the
+    # socket buffers would time as (the receiver paces the sender).
+    assert (rates[off] > 5e6).all() and (rates[off] < 1e11).all(), rates
+    assert slowest_member(rates, SlowReplicas(below=5e6)) is None

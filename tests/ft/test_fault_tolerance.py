@@ -18,6 +18,7 @@ import time
 import pytest
 import torch
 
+from tests.support import ft_training
 from tests.support.ft_run import RESTART_GRACE, Runs, check_run, check_timeline, recovery_seconds
 
 
@@ -28,19 +29,23 @@ def run_factory(tmp_path):
     runs.close()
 
 
-def scenario_kill_and_join(run_factory, die_step: int, point: str, steps: int = 12) -> dict:
+def scenario_kill_and_join(run_factory, die_step: int, point: str, steps: int = 12, diloco: int = 0) -> dict:
+    """r1 is SIGKILLed at ``die_step`` (``point``), a fresh r3 joins. With ``diloco=H`` a step is
+    a round of H inner steps of ddp.FaultTolerantDiLoCo ("forward": in the middle of them)."""
     run = run_factory(3)
     run.start_coordinator()
+    options = ["--diloco", str(diloco)] if diloco else []
     # The survivors hold before step die_step + 2 until the joiner heartbeats, so that it joins
     # a running job (on a loaded machine a start-up can take longer than the whole run).
     for replica in ("r0", "r1", "r2"):
         run.start_replica(replica, steps, die_at=f"{die_step}:{point}" if replica == "r1" else "",
-                          holds=[die_step + 2])
+                          holds=[die_step + 2], options=options)
     run.wait("r1")
-    run.start_replica("r3", steps)  # a fresh replica joins once the victim is gone
+    run.start_replica("r3", steps, options=options)  # a fresh replica joins once the victim is gone
     run.wait_until(run.ready("r3").exists, "the joiner to start")
     run.gate(die_step + 2).touch()
-    return check_run(run, ["r0", "r2", "r3"], steps, {"r1": die_step})
+    replay = (lambda ledger: ft_training.replay_diloco(ledger, diloco)) if diloco else ft_training.replay
+    return check_run(run, ["r0", "r2", "r3"], steps, {"r1": die_step}, replay)
 
 
 def scenario_two_at_once(run_factory, die_step: int, point: str, steps: int = 8) -> dict:
@@ -97,6 +102,18 @@ def test_a_jobs_life(run_factory):
         print(f"{victim} SIGKILLed at step {died_at} -> step committed without it {seconds:.2f} s later", flush=True)
 
 
+def test_diloco_rounds_go_on_when_a_replica_dies_in_one_and_a_joiner_takes_the_outer_state(run_factory):
+    """ddp.FaultTolerantDiLoCo, 3 inner steps a round: r1 is SIGKILLed in the middle of round 2's
+    inner steps; nothing crosses the network before the round's average, which fails for the
+    others, so the round is discarded (parameters and inner optimizer back to its start) and
+    redone by r0 and r2; r3 joins and takes the parameters, the outer momentum and the data
+    position. The survivors end bitwise where a failure-free DiLoCo replay of the ledger ends."""
+    summary = scenario_kill_and_join(run_factory, 2, "forward", steps=6, diloco=3)
+    members = summary["members_per_step"]
+    assert members[:2] == [3, 3] and members[2] == 2 and members[-1] == 3, members
+    assert summary["global_batch_per_step"][0] == 3 * 3 * ft_training.BATCH_SIZE  # a round: 3 inner batches
+
+
 def scenario_source_killed_during_catch_up(run_factory, steps: int = 8) -> dict:
     """r3 joins before step 3; r0, the lowest of the most advanced members, is the source of its
     catch-up and is SIGKILLed once it has sent two chunks of its 32 MiB state."""
@@ -128,7 +145,7 @@ def test_a_source_killed_while_a_joiner_takes_its_state(run_factory):
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("scenario", ["kill_and_join", "two_at_once", "coordinator_restart"])
+@pytest.mark.parametrize("scenario", ["kill_and_join", "kill_and_join_diloco", "two_at_once", "coordinator_restart"])
 def test_soak(run_factory, scenario):
     rng = random.Random(f"soak-{scenario}")
     outcomes = []
@@ -138,9 +155,13 @@ def test_soak(run_factory, scenario):
             summary = scenario_coordinator_restart(run_factory, kill_after)
             outcomes.append((kill_after, summary["members_per_step"]))
         else:
-            die_step, point = rng.randrange(0, 7), rng.choice(["forward", "allreduce"])
-            play = scenario_kill_and_join if scenario == "kill_and_join" else scenario_two_at_once
-            summary = play(run_factory, die_step, point)
+            diloco = scenario == "kill_and_join_diloco"
+            die_step, point = rng.randrange(0, 4 if diloco else 7), rng.choice(["forward", "allreduce"])
+            if diloco:
+                summary = scenario_kill_and_join(run_factory, die_step, point, steps=6, diloco=3)
+            else:
+                play = scenario_kill_and_join if scenario == "kill_and_join" else scenario_two_at_once
+                summary = play(run_factory, die_step, point)
             outcomes.append((die_step, point, summary["members_per_step"]))
         print(f"soak {scenario} {repetition + 1}/10 passed: {outcomes[-1]}", flush=True)
     print(f"soak {scenario}: {len(outcomes)}/10 runs passed every check", flush=True)

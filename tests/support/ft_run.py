@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import pytest
 import torch
@@ -65,11 +65,11 @@ class Run:
         log.close()
         return process
 
-    def start_coordinator(self, grace: float = 0.0) -> None:
+    def start_coordinator(self, grace: float = 0.0, slow_probation: float = 30.0) -> None:
         self.coordinator = self._start("coordinator", [
             sys.executable, "-m", "commlib.ft.coordinator", "--open", "--host", self.address, "--port", str(self.port),
             "--initial-replicas", str(self.initial), "--heartbeat-timeout", str(self.heartbeat_timeout),
-            "--grace", str(grace)])
+            "--grace", str(grace), "--slow-probation", str(slow_probation)])
 
     def kill_coordinator(self) -> None:
         assert self.coordinator is not None
@@ -77,15 +77,16 @@ class Run:
         self.coordinator.wait(30)
 
     def start_replica(self, replica: str, steps: int, die_at: str = "", holds: Sequence[int] = (),
-                      ballast_mib: int = 0, pauses: Sequence[int] = ()) -> None:
+                      ballast_mib: int = 0, pauses: Sequence[int] = (), options: Sequence[str] = ()) -> None:
         """``holds``: steps before which the replica waits for :meth:`gate` of that step and for
-        its epoch to close (for a joiner, or a restarted coordinator); ``pauses``: for the gate only."""
+        its epoch to close (for a joiner, or a restarted coordinator); ``pauses``: for the gate only;
+        ``options``: more of the replica script's flags."""
         self.processes[replica] = self._start(replica, [
             sys.executable, str(REPLICA), "--coordinator", f"{self.address}:{self.port}", "--id", replica,
             "--steps", str(steps), "--die-at", die_at, "--out", str(self.result_path(replica)),
             "--progress", str(self.directory / f"{replica}.progress"), "--ready", str(self.ready(replica)),
             "--ballast-mib", str(ballast_mib), *[f"--hold={step}:{self.gate(step)}" for step in holds],
-            *[f"--pause={step}:{self.gate(step)}" for step in pauses]])
+            *[f"--pause={step}:{self.gate(step)}" for step in pauses], *options])
 
     def died_at(self, replica: str) -> int:
         """The step count the replica had when it killed itself."""
@@ -97,8 +98,8 @@ class Run:
     def gate(self, step: int) -> Path:
         return self.directory / f"gate-{step}"
 
-    def coordinator_said(self, text: str) -> bool:
-        return text in (self.directory / "coordinator.log").read_text()
+    def coordinator_said(self, text: str, times: int = 1) -> bool:
+        return (self.directory / "coordinator.log").read_text().count(text) >= times
 
     def result_path(self, replica: str) -> Path:
         return self.directory / f"{replica}.pt"
@@ -157,8 +158,10 @@ class Runs:
             run.close()
 
 
-def check_run(run: Run, survivors: List[str], steps: int, victims: Dict[str, int]) -> dict:
-    """Every check of a finished run; returns the survivors' summary."""
+def check_run(run: Run, survivors: List[str], steps: int, victims: Dict[str, int],
+              replay: Callable[[dict], List[torch.Tensor]] = ft_training.replay) -> dict:
+    """Every check of a finished run; returns the survivors' summary. ``replay``: the
+    failure-free training of a ledger that the survivors' parameters must equal bitwise."""
     codes = {replica: run.wait(replica) for replica in run.processes}
     for replica in survivors:
         if codes[replica] != 0:
@@ -199,7 +202,7 @@ def check_run(run: Run, survivors: List[str], steps: int, victims: Dict[str, int
             problems.append(f"data pass {data_epoch}: {int(seen.sum())} trained + {dropped} dropped != "
                             f"{ft_training.DATASET_SIZE}")
     # Bitwise: survivors agree, and equal the failure-free replay of the ledger.
-    reference = ft_training.replay(ledger)
+    reference = replay(ledger)
     for replica, result in results.items():
         for index, (mine, expected) in enumerate(zip(result["params"], reference)):
             if not torch.equal(mine, expected):

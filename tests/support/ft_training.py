@@ -20,9 +20,10 @@ from commlib.ft import Ledger, finish_average
 from commlib.ft.sampling import permutation, share_weight, shares
 from commlib.ops import ReduceOp
 from commlib.transports.inprocess import InProcessWorld
-from ddp.fault_tolerant import flatten_gradients, unflatten_gradients
+from ddp.fault_tolerant import flatten_gradients, pseudo_gradient, unflatten_gradients
 
-__all__ = ["DATASET_SIZE", "BATCH_SIZE", "SEED", "build", "optimizer", "loss", "replay", "sample_counts"]
+__all__ = ["DATASET_SIZE", "BATCH_SIZE", "SEED", "build", "optimizer", "inner_optimizer", "outer_optimizer", "loss",
+           "replay", "replay_diloco", "sample_counts"]
 
 DATASET_SIZE = 60
 BATCH_SIZE = 4
@@ -40,6 +41,16 @@ def build() -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
 
 def optimizer(params):
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)  # momentum: optimizer state a joiner needs
+
+
+def inner_optimizer(params):
+    """DiLoCo's inner optimizer in the tests: without state, so that a replay can train each
+    member's share from the round's start (the replicas keep theirs across rounds)."""
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def outer_optimizer(params):
+    return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)  # the paper's outer optimizer
 
 
 def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -61,17 +72,64 @@ def replay(ledger_json: dict) -> List[torch.Tensor]:
             opt.zero_grad()
             indices = torch.from_numpy(order[record.cursor + share.start:record.cursor + share.stop])
             loss(net(inputs[indices]), targets[indices]).backward()
-            flat = flatten_gradients(params).numpy().copy()
-            weight = share_weight(len(share), record.global_batch, members)
-            if weight != 1.0:
-                np.multiply(flat, flat.dtype.type(weight), out=flat)
-            flats.append(flat)
-        if members > 1:
-            InProcessWorld(members, timeout=60).run(functools.partial(_ring_sum, flats))
-        finish_average(flats[0], members)
-        unflatten_gradients(params, torch.from_numpy(flats[0]))
+            flats.append(_weighted(flatten_gradients(params), len(share), record.global_batch, members))
+        unflatten_gradients(params, torch.from_numpy(_mean(flats)))
         opt.step()
     return [p.detach().clone() for p in net.parameters()]
+
+
+def replay_diloco(ledger_json: dict, sync_every: int) -> List[torch.Tensor]:
+    """The parameters after the ledger's committed DiLoCo rounds (``sync_every`` inner steps
+    each), trained without failures: each member's share from the round's start, their
+    pseudo-gradients averaged with the ring, the outer step (as ddp.FaultTolerantDiLoCo does)."""
+    torch.set_num_threads(1)
+    ledger = Ledger.from_json(ledger_json)
+    net, inputs, targets = build()
+    params = [p for p in net.parameters() if p.requires_grad]
+    outer = outer_optimizer(net.parameters())
+    for record in ledger.steps:
+        members = len(record.members)
+        order = permutation(ledger.dataset_size, ledger.seed, record.data_epoch)
+        start = [p.detach().clone() for p in params]
+        flats = []
+        for share in shares(record.global_batch, members):
+            with torch.no_grad():
+                for param, first in zip(params, start):
+                    param.copy_(first)
+            inner = inner_optimizer(net.parameters())
+            indices = order[record.cursor + share.start:record.cursor + share.stop]
+            for chunk in [chunk for chunk in np.array_split(indices, sync_every) if chunk.size]:
+                inner.zero_grad()
+                batch = torch.from_numpy(chunk)
+                loss(net(inputs[batch]), targets[batch]).backward()
+                inner.step()
+            flats.append(_weighted(pseudo_gradient(start, params), len(share), record.global_batch, members))
+        mean = _mean(flats)
+        with torch.no_grad():
+            for param, first in zip(params, start):
+                param.copy_(first)
+        for param in params:
+            param.grad = None
+        unflatten_gradients(params, torch.from_numpy(mean))
+        outer.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def _weighted(flat: torch.Tensor, share: int, global_batch: int, members: int) -> np.ndarray:
+    """A member's contribution as its manager scales it (``Manager.allreduce_average``)."""
+    out = flat.numpy().copy()
+    weight = share_weight(share, global_batch, members)
+    if weight != 1.0:
+        np.multiply(out, out.dtype.type(weight), out=out)
+    return out
+
+
+def _mean(flats: List[np.ndarray]) -> np.ndarray:
+    """The members' contributions summed with the ring the replicas run, then divided."""
+    if len(flats) > 1:
+        InProcessWorld(len(flats), timeout=60).run(functools.partial(_ring_sum, flats))
+    finish_average(flats[0], len(flats))
+    return flats[0]
 
 
 def _ring_sum(buffers: List[np.ndarray], transport) -> None:

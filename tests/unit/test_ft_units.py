@@ -246,3 +246,136 @@ def test_a_restarted_coordinator_listens_first_and_numbers_above_every_epoch(coo
     settle(coord, t + 3.5)
     assert coord.current == keys.Quorum(5, ["a", "b"], "coordinator restarted")
     replicas.close()
+
+
+def _slow_after_the_first_quorum(coord, replicas, slow: str) -> None:
+    """a, b, c form epoch 0; its members close it naming ``slow``, and all wait again."""
+    t = coord.started
+    for name in "abc":
+        replicas.register(name)
+    settle(coord, t + 1)
+    assert coord.current.members == ["a", "b", "c"]
+    coord.store.compare_set(keys.closed(0), "", keys.SLOW_PREFIX + f"{slow} (its best link 1.2 MB/s, ...)")
+    for name in "abc":
+        replicas.beat(name, keys.WAITING, 0, 4)
+    settle(coord, t + 2)
+
+
+def test_a_member_found_slow_waits_out_its_probation_doubled_each_time(coordinator):
+    coord, replicas = coordinator(heartbeat_timeout=100.0, slow_probation=10.0)
+    t = coord.started
+    _slow_after_the_first_quorum(coord, replicas, "c")
+    assert coord.current.members == ["a", "b"] and "on probation: c for 9.7 s more" in coord.current.reason
+    for name in "ab":
+        replicas.beat(name, keys.TRAINING, 1, 5)
+    coord.decide(t + 11.9)
+    assert read(coord, keys.closed(1)) is None, "c asked to join inside its probation"
+    coord.decide(t + 12.1)
+    assert read(coord, keys.closed(1)) == keys.JOIN_PREFIX + "c"
+    for name in "ab":
+        replicas.beat(name, keys.WAITING, 1, 6)
+    settle(coord, t + 12.2)
+    assert coord.current.members == ["a", "b", "c"]
+    coord.store.compare_set(keys.closed(2), "", keys.SLOW_PREFIX + "c (still slow)")
+    settle(coord, t + 12.3)  # nobody trained in epoch 2: the probe came before any step
+    assert coord.current.members == ["a", "b"] and coord.probation["c"] == pytest.approx(t + 12.3 + 20.0)
+    replicas.close()
+
+
+def test_a_slow_replica_is_taken_when_the_quorum_cannot_form_without_it(coordinator):
+    coord, replicas = coordinator(heartbeat_timeout=100.0, min_replicas=3)
+    _slow_after_the_first_quorum(coord, replicas, "b")
+    assert "b" in coord.probation and coord.current.members == ["a", "b", "c"], coord.current
+    replicas.close()
+
+
+def _rates(size: int, fast: float = 500e6, slow_out=(), slow_in=(), slow: float = 1e6) -> np.ndarray:
+    rates = np.full((size, size), fast)
+    for member in slow_out:
+        rates[member, :] = slow
+    for member in slow_in:
+        rates[:, member] = slow
+    np.fill_diagonal(rates, 0.0)
+    return rates
+
+
+@pytest.mark.parametrize("size", [3, 4, 6])
+@pytest.mark.parametrize("direction", ["out", "in", "both"])
+def test_the_member_with_a_slow_link_is_named_whichever_way_it_is_slow(size, direction):
+    from commlib.ft.links import SlowReplicas, slowest_member
+
+    member = size - 2
+    rates = _rates(size, slow_out=[member] if direction != "in" else [],
+                   slow_in=[member] if direction != "out" else [])
+    found = slowest_member(rates, SlowReplicas())
+    assert found is not None and found.rank == member and found.score == 1e6 and found.median == 500e6
+    assert "2 MB/s" not in found.describe("h2") and found.describe("h2").startswith("h2 (its best link 1 MB/s")
+
+
+def test_nobody_is_named_among_two_members_on_fast_links_or_above_the_floor():
+    from commlib.ft.links import SlowReplicas, slowest_member
+
+    assert slowest_member(_rates(2, slow_out=[1]), SlowReplicas()) is None, "a slow link of two is both's"
+    assert slowest_member(_rates(4), SlowReplicas()) is None
+    noisy = _rates(4)
+    noisy[0, 1] = noisy[2, 3] = 1e6  # single slow links (a member descheduled once): each member has a fast one
+    assert slowest_member(noisy, SlowReplicas()) is None
+    rates = _rates(3, slow_out=[0], slow=30e6)  # 16x slower than the others, but above the floor given
+    assert slowest_member(rates, SlowReplicas(below=5e6)) is None
+    assert slowest_member(rates, SlowReplicas()).rank == 0
+
+
+@pytest.mark.parametrize("options", [{"ratio": 1.5}, {"ratio": 0.0}, {"below": -1.0}, {"probe_bytes": 16},
+                                     {"repeats": 0}, {"every": -1}, {"slow_step": 1.0}])
+def test_a_slow_replica_policy_out_of_range_is_refused(options):
+    from commlib.errors import InvalidUsageError
+    from commlib.ft.links import SlowReplicas
+
+    with pytest.raises(InvalidUsageError, match="SlowReplicas"):
+        SlowReplicas(**options)
+
+
+def test_a_manager_given_something_else_as_its_slow_replica_policy_refuses_before_connecting():
+    from commlib.errors import InvalidUsageError
+    from commlib.ft import Manager
+
+    started = time.monotonic()
+    with pytest.raises(InvalidUsageError, match="slow_replicas must be a SlowReplicas, got dict"):
+        Manager("127.0.0.1:1", "r0", slow_replicas={"every": 5}, connect_timeout=30.0)
+    assert time.monotonic() - started < 5.0, "it tried to reach the coordinator first"
+
+
+def test_a_member_asks_for_a_probe_every_few_steps_and_after_a_step_much_slower_than_its_median(coordinator):
+    from commlib.ft import Manager, SlowReplicas
+
+    coord, _ = coordinator()
+    manager = Manager(f"127.0.0.1:{coord.port}", "a", slow_replicas=SlowReplicas(every=5, slow_step=4.0))
+    try:
+        manager.quorum = keys.Quorum(0, ["a", "b", "c"])
+        manager._allreduce_seconds = [0.01] * 6
+        assert not manager._wants_probe()
+        manager._allreduce_seconds.append(0.05)  # 5x the median
+        assert manager._wants_probe()
+        manager._allreduce_seconds = [0.01] * 3 + [0.05]
+        assert not manager._wants_probe(), "too few steps in the epoch to know its median"
+        for _ in range(4):
+            manager.ledger.commit(0, ["a", "b", "c"])
+        assert manager._wants_probe(), "the 5th step is probed after"
+        manager.quorum = keys.Quorum(0, ["a", "b"])
+        assert not manager._wants_probe(), "two members: a slow link is both's"
+    finally:
+        manager.close()
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8])
+def test_the_probe_rounds_meet_every_pair_once_and_give_each_member_one_partner(size):
+    from commlib.ft.links import pairings
+
+    rounds = pairings(size)
+    met = [tuple(sorted((member, partner))) for partners in rounds for member, partner in enumerate(partners)
+           if partner >= 0]
+    assert sorted(set(met)) == [(a, b) for a in range(size) for b in range(a + 1, size)]
+    assert len(met) == size * (size - 1), "each pair once per round it meets, seen from both ends"
+    for partners in rounds:
+        assert all(partner < 0 or partners[partner] == member for member, partner in enumerate(partners))
+    assert len(rounds) == (size - 1 if size % 2 == 0 else size)
