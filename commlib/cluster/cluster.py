@@ -332,7 +332,10 @@ def _command(args, parser) -> int:
         Cluster.attach(args.name).down()
         return 0
     if args.command == "limit":
-        Cluster.attach(args.name).limit(args.host, None if args.rate == "none" else args.rate)
+        rate = None if args.rate == "none" else args.rate
+        if rate is not None:
+            parse_rate(rate)  # a clear error before the cluster is looked up
+        Cluster.attach(args.name).limit(args.host, rate)
         return 0
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:

@@ -103,6 +103,16 @@ def test_up_makes_hosts_with_own_names_and_down_removes_everything():
                                                              "s.settimeout(5); print(s.connect_ex((sys.argv[1], 9)))"),
                                       cluster.addresses[2]], timeout=30)
         assert reached.stdout.strip() == str(111), reached.stdout  # ECONNREFUSED: reached, nothing listens
+        # One host's link turns slow and back, both ends, while the cluster stands.
+        bad = run([*CLI, "limit", "--name", name, "h1", "fast"])
+        assert bad.returncode == 1 and "rate 'fast'" in bad.stderr, bad
+        for rate, shown in (("10mbit", "10Mbit"), ("none", "100Mbit")):
+            assert run([*CLI, "limit", "--name", name, "h1", rate]).returncode == 0
+            host_side = cluster.exec("h1", ["tc", "qdisc", "show", "dev", "eth0"], timeout=30).stdout
+            switch_side = run(["tc", "-n", f"{name}-sw", "qdisc", "show"]).stdout
+            assert re.search(rf"qdisc tbf .* rate {shown} ", host_side), host_side
+            assert len(re.findall(rf"qdisc tbf .* rate {shown} ", switch_side)) == (1 if rate != "none" else 3), \
+                switch_side
         assert_nothing_of_ours_in_the_root_namespace(state, links_before)
     finally:
         cluster.down()
