@@ -59,10 +59,7 @@ def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def replay(ledger_json: dict) -> List[torch.Tensor]:
     """The parameters after the ledger's committed steps, trained without failures."""
-    torch.set_num_threads(1)
-    ledger = Ledger.from_json(ledger_json)
-    net, inputs, targets = build()
-    params = [p for p in net.parameters() if p.requires_grad]
+    ledger, net, inputs, targets, params = _fresh(ledger_json)
     opt = optimizer(net.parameters())
     for record in ledger.steps:
         members = len(record.members)
@@ -82,10 +79,7 @@ def replay_diloco(ledger_json: dict, sync_every: int) -> List[torch.Tensor]:
     """The parameters after the ledger's committed DiLoCo rounds (``sync_every`` inner steps
     each), trained without failures: each member's share from the round's start, their
     pseudo-gradients averaged with the ring, the outer step (as ddp.FaultTolerantDiLoCo does)."""
-    torch.set_num_threads(1)
-    ledger = Ledger.from_json(ledger_json)
-    net, inputs, targets = build()
-    params = [p for p in net.parameters() if p.requires_grad]
+    ledger, net, inputs, targets, params = _fresh(ledger_json)
     outer = outer_optimizer(net.parameters())
     for record in ledger.steps:
         members = len(record.members)
@@ -113,6 +107,13 @@ def replay_diloco(ledger_json: dict, sync_every: int) -> List[torch.Tensor]:
         unflatten_gradients(params, torch.from_numpy(mean))
         outer.step()
     return [p.detach().clone() for p in net.parameters()]
+
+
+def _fresh(ledger_json: dict):
+    """A replay's start: the ledger, the untrained model and data, the trained parameters."""
+    torch.set_num_threads(1)
+    net, inputs, targets = build()
+    return Ledger.from_json(ledger_json), net, inputs, targets, [p for p in net.parameters() if p.requires_grad]
 
 
 def _weighted(flat: torch.Tensor, share: int, global_batch: int, members: int) -> np.ndarray:
