@@ -69,11 +69,23 @@ class StoreRendezvous(Rendezvous):
 
     def _check_membership(self) -> None:
         store, where = self.store, self._where()
-        registered = store.compare_set(f"{self.prefix}/size", b"", str(self.size).encode())
-        if registered != str(self.size).encode():
+        key, mine = f"{self.prefix}/size", str(self.size).encode()
+        # Rank 0 registers the world size and the others compare theirs with it. Had the first
+        # rank to arrive registered it, a rank 0 that disagreed would raise and exit at once,
+        # taking the store (it serves it) with it, and the rank that registered first would only
+        # see a lost connection instead of the cause.
+        if self.rank == 0:
+            registered = store.compare_set(key, b"", mine)
+        else:
+            try:
+                registered = store.get(key, self.timeout)
+            except CommTimeoutError:
+                raise self._missing_error("waiting for rank 0's world size", [key]) from None
+        if registered != mine:
             raise InvalidUsageError(f"rank {self.rank}: {where}: this process has world size (WORLD_SIZE) "
-                                    f"{self.size}, but another rank joined with {registered.decode(errors='replace')}; "
-                                    f"every rank must be started with the same WORLD_SIZE")
+                                    f"{self.size}, but {'another rank' if self.rank == 0 else 'rank 0'} joined with "
+                                    f"{registered.decode(errors='replace')}; every rank must be started with the same "
+                                    f"WORLD_SIZE")
         if store.add(f"{self.prefix}/rank{self.rank}", 1) > 1:
             raise InvalidUsageError(f"rank {self.rank}: {where}: another process already joined as rank {self.rank}; "
                                     f"each process needs its own RANK (or a stale process of an earlier run is "

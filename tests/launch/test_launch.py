@@ -130,6 +130,16 @@ def test_world_sizes_that_differ_between_ranks_are_named():
     assert results[0].returncode != 0 and "rank 1" in results[0].output, results[0].output[-2000:]
 
 
+def test_a_rank_0_whose_world_size_differs_is_named_by_the_others():
+    # Rank 0 (it serves the store) registers the world size; whatever order the ranks arrive
+    # in, the one that disagrees with it names the variable, and rank 0 names who is missing.
+    results = run_ranks("launch_ranks.py", 2, "init", per_rank_env={0: {"WORLD_SIZE": "3"}},
+                        env={"COMMLIB_TIMEOUT": "5"}, timeout=90)
+    assert results[1].returncode != 0 and "WORLD_SIZE" in results[1].output, results[1].output[-2000:]
+    assert "rank 0 joined with 3" in results[1].output, results[1].output[-2000:]
+    assert results[0].returncode != 0 and "did not arrive" in results[0].output, results[0].output[-2000:]
+
+
 def test_a_rank_that_never_comes_is_named():
     results = run_ranks("launch_ranks.py", 3, "init", ranks=[0, 1], env={"COMMLIB_TIMEOUT": "4"}, timeout=90)
     assert results[0].returncode != 0 and "rank 2 did not arrive" in results[0].output, results[0].output[-2000:]
