@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import functools
 import statistics
@@ -229,6 +230,12 @@ def main(argv=None) -> None:
             write_record(f"{stem}-{name}.json", bench_record(
                 "autograd_bridge.bench.stack", argv=sys.argv[1:], world_size=size, columns=table["columns"],
                 rows=table["rows"], notes=f"the {name} table"))
+    # Every rank done, and nothing left that holds a collective's tensors: gloo's worker threads
+    # must not free Python objects while the interpreter shuts down (torch then aborts, rarely:
+    # "terminate called without an active exception"), as in mpi_examples/fsdp_transformer.py.
+    dist.barrier()
+    del meshes
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -4,6 +4,7 @@ with torch's variables), each with a hard timeout so a hang is a failure, never 
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -28,10 +29,25 @@ class RankResult(NamedTuple):
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now (the OS's pick)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A TCP port nobody listens on right now, below the kernel's ephemeral range.
+
+    The OS's pick (port 0) comes from the ephemeral range, and so do the source ports of every
+    outgoing connection: between our pick and the launcher's bind, another test's connection
+    could take it (torchrun then failed with EADDRINUSE). Below the range, only a listener can."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    chooser = random.SystemRandom()
+    for _ in range(200):
+        port = chooser.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below {low} after 200 tries")
 
 
 def base_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
