@@ -8,8 +8,8 @@ policy a :class:`commlib.ft.Manager` is given to find such a member and exclude 
 * **When it probes**: when an epoch of at least three members starts (before the catch-up: a
   joiner that is still slow is sent back without a transfer over its slow link), every
   ``every`` committed steps, and at the step after a member's gradient allreduce took
-  ``slow_step`` times its median in the epoch. All members decide alike (the step count and the
-  vote they share), so the probe is a collective.
+  ``slow_step`` times its median over the epoch's last 64 steps. All members decide alike
+  (the step count and the vote they share), so the probe is a collective.
 * **What it measures** (:func:`probe_links`): in the rounds of a round-robin tournament
   (:func:`pairings`), each member exchanges ``probe_bytes`` both ways with one partner, so all
   of a member's traffic in a round is with one peer, and a flow to a slow peer never shares a

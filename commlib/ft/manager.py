@@ -37,12 +37,13 @@ progress fails at once everywhere and is redone by the next quorum, without the 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Manager", "finish_average", "COMMIT", "COMMIT_LAST", "ABORT"]
 
+#: How many of an epoch's latest gradient allreduces the slow-step trigger takes the median of.
+SLOW_STEP_WINDOW = 64
 #: A step's outcomes: committed (the epoch goes on), committed and the epoch's last, discarded.
 COMMIT, COMMIT_LAST, ABORT = "commit", "commit-last", "abort"
 
@@ -107,7 +110,9 @@ class Manager:
             raise InvalidUsageError(f"Manager: slow_replicas must be a SlowReplicas, got "
                                     f"{type(slow_replicas).__name__}")
         self.slow_replicas = slow_replicas
-        self._allreduce_seconds: List[float] = []  # this epoch's gradient allreduces (the slow-step trigger)
+        # This epoch's latest gradient allreduces (the slow-step trigger): a window, so that the
+        # median each step costs the same however long the epoch runs.
+        self._allreduce_seconds: Deque[float] = collections.deque(maxlen=SLOW_STEP_WINDOW)
         # Replicas stand for hosts: their group talks over sockets only, and a killed replica
         # leaves no shared memory behind.
         self.group_config = dataclasses.replace(load_config(), shm=False, crash_witness=False)
@@ -334,7 +339,7 @@ class Manager:
             return False
         if policy.every and (self.steps + 1) % policy.every == 0:
             return True
-        seconds = self._allreduce_seconds
+        seconds = list(self._allreduce_seconds)
         return len(seconds) > 5 and seconds[-1] > policy.slow_step * float(np.median(seconds[:-1]))
 
     def _probe(self, group, epoch: int, members: List[str]) -> Optional[str]:
@@ -342,7 +347,7 @@ class Manager:
         failed), or None. Every member gets the same matrix, so all decide alike."""
         policy = self.slow_replicas
         assert policy is not None
-        self._allreduce_seconds = []  # the trigger waits for new steps after a probe
+        self._allreduce_seconds.clear()  # the trigger waits for new steps after a probe
         started = time.perf_counter()
         try:
             rates = probe_links(group, policy.probe_bytes, policy.repeats)
@@ -425,7 +430,7 @@ class Manager:
                 self._store_lost(lost)
             return False
         self.group, self.quorum, self.epoch = group, quorum, quorum.epoch
-        self._allreduce_seconds = []
+        self._allreduce_seconds.clear()
         self.heartbeat.watch(keys.closed(quorum.epoch))
         self._event("quorum", members=quorum.members, rank=rank, reason=quorum.reason,
                     setup_s=time.perf_counter() - started, catch_up_bytes=self.last_catch_up.nbytes,

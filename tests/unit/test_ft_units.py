@@ -352,11 +352,12 @@ def test_a_member_asks_for_a_probe_every_few_steps_and_after_a_step_much_slower_
     manager = Manager(f"127.0.0.1:{coord.port}", "a", slow_replicas=SlowReplicas(every=5, slow_step=4.0))
     try:
         manager.quorum = keys.Quorum(0, ["a", "b", "c"])
-        manager._allreduce_seconds = [0.01] * 6
+        manager._allreduce_seconds.extend([0.01] * 6)
         assert not manager._wants_probe()
         manager._allreduce_seconds.append(0.05)  # 5x the median
         assert manager._wants_probe()
-        manager._allreduce_seconds = [0.01] * 3 + [0.05]
+        manager._allreduce_seconds.clear()
+        manager._allreduce_seconds.extend([0.01] * 3 + [0.05])
         assert not manager._wants_probe(), "too few steps in the epoch to know its median"
         for _ in range(4):
             manager.ledger.commit(0, ["a", "b", "c"])
