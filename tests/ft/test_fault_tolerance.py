@@ -121,7 +121,8 @@ def scenario_source_killed_during_catch_up(run_factory, steps: int = 8) -> dict:
     run.start_coordinator()
     for replica in ("r0", "r1", "r2"):
         run.start_replica(replica, steps, die_at="*:catchup" if replica == "r0" else "", holds=[3], ballast_mib=32)
-    run.wait_until(lambda: all(run.ready(replica).exists() for replica in ("r0", "r1", "r2")), "the replicas")
+    # r3 must join a running job: started before the first quorum is out, it would be in it.
+    run.wait_until(lambda: run.coordinator_said("epoch 0: members r0,r1,r2"), "the first quorum")
     run.start_replica("r3", steps, ballast_mib=32)
     run.wait_until(run.ready("r3").exists, "the joiner to start")
     run.gate(3).touch()
