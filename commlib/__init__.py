@@ -23,7 +23,7 @@ from commlib.algorithms.registry import algorithm_names as _algorithm_names
 from commlib.algorithms.registry import register_algorithm
 from commlib.config import Config, load_config
 from commlib.errors import (CollectiveMismatchError, CommError, CommTimeoutError, GroupAbortedError, InvalidUsageError,
-                            PeerExitedError)
+                            JobStateLostError, PeerExitedError)
 from commlib.execution.work import Work, WorkHandle
 from commlib.group.p2p import ANY_SOURCE
 from commlib.group.process_group import ProcessGroup
@@ -40,7 +40,7 @@ __all__ = [
     "ANY_SOURCE", "ProcessGroup", "ReduceOp", "Work", "WorkHandle", "Transport", "Pending", "Topology", "RankView",
     "Config", "load_config",
     "CommError", "CommTimeoutError", "InvalidUsageError", "CollectiveMismatchError",
-    "GroupAbortedError", "PeerExitedError",
+    "GroupAbortedError", "PeerExitedError", "JobStateLostError",
 ]
 
 

@@ -11,6 +11,7 @@ __all__ = [
     "CollectiveMismatchError",
     "GroupAbortedError",
     "PeerExitedError",
+    "JobStateLostError",
 ]
 
 
@@ -43,4 +44,12 @@ class PeerExitedError(CommError):
 
     Found from the progress board while waiting (within milliseconds, not at the timeout); the
     message names the collective, its sequence number and the ranks that exited.
+    """
+
+
+class JobStateLostError(CommError):
+    """Fault-tolerant training: a replica waits to join, but no live replica holds the job's
+    state (every replica that trained it has left or exited), and a replica cannot catch up from
+    disk. Raised by :class:`commlib.ft.Manager` at once, rather than at the join timeout; the
+    message names the job's step and the replicas that held it.
     """

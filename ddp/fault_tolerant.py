@@ -11,6 +11,14 @@ keeps the replay of a run exact. The model's state (parameters and buffers) is r
 the manager for catch-up, and this module gives the manager its codec: ``torch.save`` /
 ``torch.load(weights_only=True)``, which never runs code a peer sent.
 
+``fault_tolerant_torch_ddp(module, manager)`` is the same over torch's own
+``DistributedDataParallel`` (its reducer, buckets and options), with a communication hook
+(:func:`manager_comm_hook`) that averages the buckets over the quorum. The replica's own torch
+group has one rank (a replica is one process); the step still commits or is discarded at
+``opt.step()``. The buckets are averaged together when the last one is ready (see
+:class:`ManagerHookState` for why not one by one), so the average does not overlap backward,
+and it is ``FaultTolerantDDP``'s average bit for bit.
+
 ``FaultTolerantDiLoCo`` is the low-communication counterpart: one fault-tolerant step is one
 outer round of DiLoCo (``sync_every`` inner steps on the replica's own data, then one average of
 the pseudo-gradients over the round's quorum and the outer optimizer's step). Nothing crosses
@@ -31,8 +39,9 @@ import torch
 
 from commlib.errors import InvalidUsageError
 
-__all__ = ["FaultTolerantDDP", "FaultTolerantDiLoCo", "TorchCodec", "flatten_gradients", "unflatten_gradients",
-           "pseudo_gradient"]
+__all__ = ["FaultTolerantDDP", "FaultTolerantDiLoCo", "fault_tolerant_torch_ddp", "manager_comm_hook",
+           "ManagerHookState", "TorchCodec",
+           "flatten_gradients", "unflatten_gradients", "pseudo_gradient"]
 
 
 class TorchCodec:
@@ -98,6 +107,81 @@ class FaultTolerantDDP(torch.nn.Module):
         flat = flatten_gradients(self.params)
         self.manager.allreduce_average(flat.numpy(), self.manager.gradient_weight())
         unflatten_gradients(self.params, flat)
+
+
+class ManagerHookState:
+    """The state of :func:`manager_comm_hook`: ``manager``, and the buckets of the iteration so far.
+
+    The buckets are averaged together, in the module's parameter order, once the last one is
+    ready, not one by one: torch lays a DDP's buckets out anew after its first iteration
+    (measured on the test MLP: the first iteration's bucket holds the parameters in the
+    module's order, every later one in reverse), so a joiner in its first iteration and the
+    members in a later one would sum different parameters' elements, bucket for bucket, with no
+    error. In one order it is also the same sum as ``FaultTolerantDDP``'s, bit for bit.
+    """
+
+    def __init__(self, manager, module: torch.nn.Module):
+        self.manager = manager
+        self.order = {id(p): index for index, p in enumerate(module.parameters())}
+        self.pending: List[tuple] = []
+
+
+# No annotations: under ``from __future__ import annotations`` they are strings, which torch's
+# check of a hook's signature refuses.
+def manager_comm_hook(state, bucket):
+    """A torch DDP communication hook (``ddp_model.register_comm_hook(ManagerHookState(manager,
+    module), manager_comm_hook)``): each bucket's future completes once the iteration's last
+    bucket is ready and every bucket became the quorum's sample-weighted mean. A failure is kept
+    by the manager (the step is then discarded at ``opt.step()``), never raised inside backward."""
+    buffer = bucket.buffer()
+    if buffer.device.type != "cpu":
+        raise InvalidUsageError(f"manager_comm_hook: the bucket is on {buffer.device}; the cross-replica "
+                                f"average runs on CPU tensors only")
+    future: torch.futures.Future = torch.futures.Future()
+    state.pending.append((buffer, list(bucket.parameters()), future))
+    if not bucket.is_last():
+        return future
+    pending, state.pending = state.pending, []
+    slices = []  # (module order, the parameter's gradient in its bucket)
+    for held, params, _ in pending:
+        offset = 0
+        for param in params:
+            slices.append((state.order[id(param)], held[offset:offset + param.numel()]))
+            offset += param.numel()
+    slices.sort(key=lambda item: item[0])
+    flat = torch.cat([gradient for _, gradient in slices])
+    state.manager.allreduce_average(flat.numpy(), state.manager.gradient_weight())
+    offset = 0
+    for _, gradient in slices:
+        gradient.copy_(flat[offset:offset + gradient.numel()])
+        offset += gradient.numel()
+    for held, _, waiting in pending:
+        waiting.set_result(held)
+    return future
+
+
+def fault_tolerant_torch_ddp(module: torch.nn.Module, manager, process_group=None, **ddp_options):
+    """torch's ``DistributedDataParallel`` over ``module``, averaged over ``manager``'s quorums by
+    :func:`manager_comm_hook` (see the module docstring). ``process_group``: the replica's own
+    torch group, of one rank; without one, the default group, made (one rank, gloo, an in-memory
+    store) when torch.distributed is not initialized. ``ddp_options`` go to torch's DDP."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"fault_tolerant_torch_ddp: expected a torch.nn.Module, got {type(module).__name__}")
+    if process_group is None and not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    size = dist.get_world_size(process_group)
+    if size != 1:
+        raise InvalidUsageError(f"fault_tolerant_torch_ddp: the replica's torch group has {size} ranks; a replica "
+                                f"is one process (replica groups of several ranks are not supported yet)")
+    if manager.codec is None:
+        manager.codec = TorchCodec()
+    manager.register_state("model", module.state_dict, module.load_state_dict)
+    model = DistributedDataParallel(module, process_group=process_group, **ddp_options)
+    model.register_comm_hook(ManagerHookState(manager, module), manager_comm_hook)
+    return model
 
 
 class FaultTolerantDiLoCo:

@@ -38,6 +38,8 @@ def main(argv=None) -> None:
     parser.add_argument("--samples", type=int, default=15)
     parser.add_argument("--steps", type=int, default=5, help="timed DDP steps per backend")
     parser.add_argument("--no-ddp", action="store_true", help="latency table only")
+    parser.add_argument("--widths", type=lambda text: tuple(int(w) for w in text.split(",")), default=MLP_WIDTHS,
+                        help="the DDP MLP's layer widths (default %(default)s)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -68,11 +70,11 @@ def main(argv=None) -> None:
             f"{row['commlib_wrong'] + row['gloo_wrong']:>6}")
 
     if not args.no_ddp:
-        params = sum(p.numel() for p in make_mlp().parameters())
+        params = sum(p.numel() for p in make_mlp(args.widths).parameters())
         say()
-        say(f"# torch DDP step (fwd+bwd+SGD), MLP {'-'.join(map(str, MLP_WIDTHS))} ({params / 1e6:.1f}M params), "
+        say(f"# torch DDP step (fwd+bwd+SGD), MLP {'-'.join(map(str, args.widths))} ({params / 1e6:.1f}M params), "
             f"batch 128/rank, 1 thread, P={size}, {args.steps} steps each after 2 warm-up, taking turns")
-        times = ddp_step_times(groups, steps=args.steps)
+        times = ddp_step_times(groups, steps=args.steps, widths=args.widths)
         medians = {name: statistics.median(values) for name, values in times.items()}
         say(f"{'backend':>8} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
         for name, values in times.items():

@@ -84,6 +84,7 @@ class Coordinator:
         self.closed_at: Optional[float] = None
         self.lost_marked = False
         self.restart_closed = False
+        self.stranded = False  # keys.STRANDED was set: no replica can hold the job's state any more
         self.waiting_since = 0.0
         self.last_waiting: List[str] = []
         self.quorums: List[keys.Quorum] = []
@@ -189,11 +190,14 @@ class Coordinator:
             if draining:
                 return
         # A quorum that would start behind the job (every trained replica left) would train from
-        # scratch as if nothing had happened: it waits for a replica that holds the job's state.
+        # scratch as if nothing had happened: it waits for a replica that holds the job's state,
+        # or is told that none can. (A member that exited does not count: a step only it
+        # committed is redone by the others, who could not know whether it committed.)
         progress = max([record.step for record in alive.values()]
                        + [seen.record.step for seen in self.replicas.values() if seen.record.state == keys.LEFT],
                        default=0)
         if waiting and max(alive[replica].step for replica in waiting) < progress:
+            self._strand_if_nobody_holds(progress, store)
             return
         if len(waiting) < needed:
             return
@@ -212,6 +216,24 @@ class Coordinator:
         self.current, self.closed_at, self.lost_marked = quorum, None, False
         self.quorums.append(quorum)
         log.info("epoch %d: members %s (%s)", epoch, ",".join(waiting), reason)
+
+    def _strand_if_nobody_holds(self, progress: int, store: TCPStore) -> None:
+        """Waiters are behind the job's ``progress`` (which replicas that left hold): if no
+        replica that could still hold it is connected, tell the waiters that they can never
+        catch up, instead of letting them wait to their join timeout. A replica that is
+        connected but silent (cut off: its connection stays open) may come back."""
+        if self.stranded:
+            return
+        holders = [name for name, seen in self.replicas.items()
+                   if seen.connected and seen.record.state != keys.LEFT and seen.record.step >= progress]
+        if holders:
+            return
+        trained = sorted(name for name, seen in self.replicas.items() if seen.record.step >= progress)
+        reason = (f"no live replica holds the job's state: the job is at step {progress}, and the replicas that "
+                  f"trained it ({', '.join(trained)}) have left or exited; a replica cannot catch up from disk")
+        store.set(keys.STRANDED, reason)
+        self.stranded = True
+        log.warning("%s", reason)
 
     def _on_probation(self, replica: str, now: float) -> bool:
         return self.probation.get(replica, 0.0) > now

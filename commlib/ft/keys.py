@@ -22,11 +22,15 @@ import json
 from typing import List, Optional
 
 __all__ = ["ROOT", "heartbeat", "live", "SLOTS", "slot", "LATEST", "quorum", "closed", "group_prefix",
-           "Heartbeat", "Quorum", "JOIN_PREFIX", "LOST_PREFIX", "SLOW_PREFIX", "WAITING", "TRAINING", "LEFT"]
+           "Heartbeat", "Quorum", "JOIN_PREFIX", "LOST_PREFIX", "SLOW_PREFIX", "WAITING", "TRAINING", "LEFT",
+           "STRANDED"]
 
 ROOT = "ft"
 SLOTS = f"{ROOT}/slots"
 LATEST = f"{ROOT}/latest"
+#: Set by the coordinator (with the reason) when replicas wait behind the job's progress and no
+#: replica that could still hold it is connected: the waiters can never catch up, and say so.
+STRANDED = f"{ROOT}/stranded"
 
 #: How a close for a joiner begins: the members finish their epoch at the end of the step in
 #: progress (it commits as the epoch's last); any other reason ends it before the next step.

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tu
 import numpy as np
 
 from commlib.config import load_config
-from commlib.errors import CommError, CommTimeoutError, InvalidUsageError
+from commlib.errors import CommError, CommTimeoutError, InvalidUsageError, JobStateLostError
 from commlib.ft import keys
 from commlib.ft.catchup import CatchUp, Payload, catch_up
 from commlib.ft.heartbeat import HeartbeatThread
@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Manager", "finish_average", "COMMIT", "COMMIT_LAST", "ABORT"]
 
+#: How often a replica waiting for a quorum asks whether the job's state is lost (keys.STRANDED).
+STRANDED_CHECK_SECONDS = 0.2
 #: How many of an epoch's latest gradient allreduces the slow-step trigger takes the median of.
 SLOW_STEP_WINDOW = 64
 #: A step's outcomes: committed (the epoch goes on), committed and the epoch's last, discarded.
@@ -383,14 +385,20 @@ class Manager:
     def _join_quorum(self) -> None:
         deadline = time.monotonic() + self.join_timeout
         self._beat_state = (keys.WAITING, self.epoch, self.steps)
+        next_stranded_check = time.monotonic()
         while time.monotonic() < deadline:
             try:
+                if time.monotonic() >= next_stranded_check:
+                    next_stranded_check = time.monotonic() + STRANDED_CHECK_SECONDS
+                    self._raise_if_stranded()
                 latest = int(self._store.get(keys.LATEST, 0.2))
                 if latest <= self._latest_seen:
                     time.sleep(0.02)
                     continue
                 self._latest_seen = latest
                 quorum = keys.Quorum.decode(self._store.get(keys.quorum(latest), 5.0))
+            except JobStateLostError:
+                raise
             except CommTimeoutError:
                 continue
             except CommError as error:
@@ -403,6 +411,15 @@ class Manager:
                 return
         raise CommTimeoutError(f"replica {self.replica_id}: no quorum took it within {self.join_timeout:g} s "
                                f"(coordinator {self.host}:{self.port})")
+
+    def _raise_if_stranded(self) -> None:
+        """The coordinator found that no live replica holds the job's state: this replica, behind
+        it, can never catch up (there is no catch-up from disk)."""
+        if not self._store.missing([keys.STRANDED]):
+            reason = self._store.get(keys.STRANDED, 5.0).decode()
+            self._event("stranded", reason=reason)
+            raise JobStateLostError(f"replica {self.replica_id} (at step {self.steps}): {reason} "
+                                    f"(coordinator {self.host}:{self.port})")
 
     def _enter(self, quorum: keys.Quorum, rank: int) -> bool:
         started = time.perf_counter()

@@ -35,6 +35,7 @@ from mpi4py import MPI
 from commlib.errors import CommError, CommTimeoutError, GroupAbortedError, InvalidUsageError, PeerExitedError
 from commlib.execution.work import Work
 from commlib.group.validation import array_kind, check_buffer, check_peer, check_tag, check_timeout
+from commlib.platform.backoff import next_sleep
 from commlib.platform.timer_slack import fine_timer_slack
 from commlib.platform.waiting import (GIVE_UP_CHECK_SECONDS, MAX_SLEEP_SECONDS, SLEEP_AFTER_SECONDS, polls_per_yield,
                                       wait_all)
@@ -252,9 +253,10 @@ class PointToPoint:
             polls += 1
             if polls % every == 0:
                 os.sched_yield()
-                if time.monotonic() - idle_since > SLEEP_AFTER_SECONDS:
+                idle = time.monotonic() - idle_since
+                if idle > SLEEP_AFTER_SECONDS:
                     time.sleep(sleep)
-                    sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+                    sleep = next_sleep(sleep, idle, MAX_SLEEP_SECONDS)
 
     def _describe(self, operation: _Operation) -> str:
         peer = "any rank" if operation.peer == ANY_SOURCE else f"rank {operation.peer}"

@@ -20,6 +20,7 @@ import time
 
 from mpi4py import MPI
 
+from commlib.platform.backoff import next_sleep
 from commlib.platform.machine import oversubscribed
 from commlib.platform.timer_slack import FineSleeper
 
@@ -73,7 +74,7 @@ def wait_all(requests, deadline: float, give_up=None, statuses=None) -> bool:
                         return bool(testall())
                     next_give_up_check = now + GIVE_UP_CHECK_SECONDS
                 sleeper.sleep(sleep)
-                sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+                sleep = next_sleep(sleep, now - start, MAX_SLEEP_SECONDS)
             for _ in polls:
                 if testall():
                     return True

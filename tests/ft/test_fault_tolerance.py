@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Sequence
 
 import pytest
 import torch
@@ -29,12 +30,14 @@ def run_factory(tmp_path):
     runs.close()
 
 
-def scenario_kill_and_join(run_factory, die_step: int, point: str, steps: int = 12, diloco: int = 0) -> dict:
+def scenario_kill_and_join(run_factory, die_step: int, point: str, steps: int = 12, diloco: int = 0,
+                           options: Sequence[str] = ()) -> dict:
     """r1 is SIGKILLed at ``die_step`` (``point``), a fresh r3 joins. With ``diloco=H`` a step is
-    a round of H inner steps of ddp.FaultTolerantDiLoCo ("forward": in the middle of them)."""
+    a round of H inner steps of ddp.FaultTolerantDiLoCo ("forward": in the middle of them);
+    ``options`` go to every replica."""
     run = run_factory(3)
     run.start_coordinator()
-    options = ["--diloco", str(diloco)] if diloco else []
+    options = [*options, *(["--diloco", str(diloco)] if diloco else [])]
     # The survivors hold before step die_step + 2 until the joiner heartbeats, so that it joins
     # a running job (on a loaded machine a start-up can take longer than the whole run).
     for replica in ("r0", "r1", "r2"):
@@ -114,6 +117,17 @@ def test_diloco_rounds_go_on_when_a_replica_dies_in_one_and_a_joiner_takes_the_o
     assert summary["global_batch_per_step"][0] == 3 * 3 * ft_training.BATCH_SIZE  # a round: 3 inner batches
 
 
+def test_torch_ddp_with_the_manager_hook_loses_a_replica_and_takes_a_joiner(run_factory):
+    """torch's DistributedDataParallel (ddp.fault_tolerant_torch_ddp, the buckets averaged over
+    the quorum by ddp.manager_comm_hook): r1 is SIGKILLed before its forward of step 2, r0 and r2
+    redo it, r3 joins and catches up, and its first iteration (torch's first bucket layout) meets
+    the members' later one (the layout torch rebuilt). The survivors end bitwise where the
+    one-buffer replay ends, with quorums of three."""
+    summary = scenario_kill_and_join(run_factory, 2, "forward", steps=8, options=["--torch-ddp"])
+    members = summary["members_per_step"]
+    assert members[:2] == [3, 3] and members[2] == 2 and members[-1] == 3, members
+
+
 def scenario_source_killed_during_catch_up(run_factory, steps: int = 8) -> dict:
     """r3 joins before step 3; r0, the lowest of the most advanced members, is the source of its
     catch-up and is SIGKILLed once it has sent two chunks of its 32 MiB state."""
@@ -146,7 +160,8 @@ def test_a_source_killed_while_a_joiner_takes_its_state(run_factory):
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("scenario", ["kill_and_join", "kill_and_join_diloco", "two_at_once", "coordinator_restart"])
+@pytest.mark.parametrize("scenario", ["kill_and_join", "kill_and_join_diloco", "kill_and_join_torch_ddp", "two_at_once",
+                                      "coordinator_restart"])
 def test_soak(run_factory, scenario):
     rng = random.Random(f"soak-{scenario}")
     outcomes = []
@@ -157,9 +172,13 @@ def test_soak(run_factory, scenario):
             outcomes.append((kill_after, summary["members_per_step"]))
         else:
             diloco = scenario == "kill_and_join_diloco"
-            die_step, point = rng.randrange(0, 4 if diloco else 7), rng.choice(["forward", "allreduce"])
+            # The survivors hold at die_step + 2 for the joiner, whose epoch starts after the next
+            # step: at least one step must be left then (DiLoCo: 6 rounds, so die at round 2 at most).
+            die_step, point = rng.randrange(0, 3 if diloco else 7), rng.choice(["forward", "allreduce"])
             if diloco:
                 summary = scenario_kill_and_join(run_factory, die_step, point, steps=6, diloco=3)
+            elif scenario == "kill_and_join_torch_ddp":
+                summary = scenario_kill_and_join(run_factory, die_step, point, options=["--torch-ddp"])
             else:
                 play = scenario_kill_and_join if scenario == "kill_and_join" else scenario_two_at_once
                 summary = play(run_factory, die_step, point)

@@ -34,9 +34,9 @@ def allreduce_aborted_by(state, aborter: int, absent: int, after: float):
     buf = np.ones(1 << 16, np.float32)
     if group.rank == absent:
         time.sleep(after + 1.0)
-    elif group.rank == aborter:
+    started = time.monotonic()  # before the timer starts: the abort is never earlier than `after`
+    if group.rank == aborter:
         threading.Timer(after, group.abort, args=("the coordinator lost a member",)).start()
-    started = time.monotonic()
     return _outcome(lambda: group.allreduce(buf), started)
 
 
@@ -51,6 +51,6 @@ def recv_aborted(state, after: float):
     group = process_group(state, "abortable")
     if group.rank != 0:
         return "ok", "", 0.0
-    threading.Timer(after, group.abort, args=("no sender",)).start()
     started = time.monotonic()
+    threading.Timer(after, group.abort, args=("no sender",)).start()
     return _outcome(lambda: group.recv(np.empty(4, np.float32), 1), started)

@@ -268,3 +268,19 @@ def test_a_sleeping_wait_lowers_its_threads_timer_slack_and_puts_it_back():
     sleeper.restore()
     assert prctl(get_slack, 0, 0, 0, 0) == before
     prctl(set_slack, original, 0, 0, 0)
+
+
+def test_a_long_wait_sleeps_longer_and_a_short_one_keeps_its_cap():
+    from commlib.platform.backoff import LONG_WAIT_MAX_SLEEP_SECONDS, next_sleep
+
+    cap = 5e-4
+    sleep, waited = 1e-5, 0.0
+    for _ in range(10):  # a short wait: doubling up to the waiter's own cap, never past it
+        sleep = next_sleep(sleep, waited, cap)
+        waited += sleep
+    assert sleep == cap and waited < 0.01
+    # 0.2 s in: past the cap, doubling up to 1% of the time waited, and held there
+    assert next_sleep(cap, 0.2, cap) == pytest.approx(1e-3)
+    assert next_sleep(1e-3, 0.2, cap) == pytest.approx(2e-3)
+    assert next_sleep(2e-3, 0.2, cap) == pytest.approx(2e-3)
+    assert next_sleep(4e-3, 60.0, cap) == LONG_WAIT_MAX_SLEEP_SECONDS  # a wait for a timeout: 5 ms at most

@@ -4,6 +4,7 @@ whose heartbeats test clients write as replicas would."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -197,16 +198,21 @@ def test_a_member_whose_heartbeat_stops_is_lost_after_the_timeout(coordinator):
     replicas.close()
 
 
-def test_a_joiner_closes_the_epoch_and_enters_once_the_members_left_it(coordinator):
-    coord, replicas = coordinator()
-    t = coord.started
+def _two_trained_and_a_joiner_waiting(coord, replicas, t: float, step: int = 5) -> None:
+    """a and b trained epoch 0 to ``step``; c waits to join, at step 0."""
     for name in "ab":
         replicas.register(name)
     settle(coord, t + 1)
     for name in "ab":
-        replicas.beat(name, keys.TRAINING, 0, 3)
+        replicas.beat(name, keys.TRAINING, 0, step)
     replicas.register("c")
     coord.decide(t + 2)
+
+
+def test_a_joiner_closes_the_epoch_and_enters_once_the_members_left_it(coordinator):
+    coord, replicas = coordinator()
+    t = coord.started
+    _two_trained_and_a_joiner_waiting(coord, replicas, t, step=3)
     assert read(coord, keys.closed(0)) == keys.JOIN_PREFIX + "c"
     coord.decide(t + 3)
     assert coord.current.epoch == 0, "a and b still train in epoch 0: drained first"
@@ -246,6 +252,69 @@ def test_a_restarted_coordinator_listens_first_and_numbers_above_every_epoch(coo
     settle(coord, t + 3.5)
     assert coord.current == keys.Quorum(5, ["a", "b"], "coordinator restarted")
     replicas.close()
+
+
+def test_a_joiner_behind_replicas_that_all_left_or_exited_is_told_the_state_is_lost(coordinator):
+    coord, replicas = coordinator(heartbeat_timeout=100.0)
+    t = coord.started
+    _two_trained_and_a_joiner_waiting(coord, replicas, t)
+    replicas.beat("a", keys.LEFT, 0, 5)  # a finished and left; b still holds the state
+    settle(coord, t + 3)
+    assert read(coord, keys.STRANDED) is None and coord.current.epoch == 0
+    replicas.kill("b")  # b's process exited: nobody can hold step 5 any more
+    coord.decide(t + 4)
+    assert read(coord, keys.STRANDED) == ("no live replica holds the job's state: the job is at step 5, and the "
+                                          "replicas that trained it (a, b) have left or exited; a replica cannot "
+                                          "catch up from disk")
+    settle(coord, t + 5)
+    assert coord.current.epoch == 0, "no quorum of replicas behind the job forms"
+    replicas.close()
+
+
+def test_a_joiner_behind_a_member_that_is_only_silent_waits_for_it(coordinator):
+    """A member cut off from the network keeps its connection open: it may come back, so the
+    joiner waits (a partition must not end the job)."""
+    coord, replicas = coordinator(heartbeat_timeout=1.0)
+    t = coord.started
+    _two_trained_and_a_joiner_waiting(coord, replicas, t)
+    replicas.beat("a", keys.LEFT, 0, 5)
+    for now in (t + 4, t + 8, t + 12):  # b's heartbeat is long stale, its connection open
+        replicas.beat("c")
+        coord.decide(now)
+    assert read(coord, keys.STRANDED) is None
+    replicas.close()
+
+
+def test_a_manager_behind_a_job_whose_replicas_all_left_raises_at_once_naming_them(coordinator):
+    from commlib.errors import JobStateLostError
+    from commlib.ft import Manager
+
+    coord, replicas = coordinator(heartbeat_timeout=100.0)
+    stop = threading.Event()
+
+    def ticks():  # the decision loop, on the real clock
+        while not stop.is_set():
+            coord.decide(time.monotonic())
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=ticks, daemon=True)
+    thread.start()
+    try:
+        for name in "ab":
+            replicas.register(name, keys.LEFT, 0, 7)
+        manager = Manager(f"127.0.0.1:{coord.port}", replica_id="late", join_timeout=120.0)
+        started = time.monotonic()
+        with pytest.raises(JobStateLostError) as raised:
+            manager.start_step()
+        assert time.monotonic() - started < 10.0, "told at once, not at the join timeout"
+        message = str(raised.value)
+        assert "replica late (at step 0)" in message and "at step 7" in message and "(a, b)" in message, message
+        assert any(event["kind"] == "stranded" for event in manager.events)
+        manager.close()
+    finally:
+        stop.set()
+        thread.join(5)
+        replicas.close()
 
 
 def _slow_after_the_first_quorum(coord, replicas, slow: str) -> None:

@@ -14,6 +14,7 @@ import os
 import time
 
 from commlib.errors import CollectiveMismatchError, CommTimeoutError, PeerExitedError
+from commlib.platform.backoff import next_sleep
 from commlib.platform.timer_slack import FineSleeper
 from commlib.transports.shm.layout import ARRIVE, DONE, PROGRESS, PROGRESS_BITS, ROUND_WORDS, SLOT_SIGNAL
 
@@ -72,7 +73,7 @@ class PeerWaiter:
                     self.raise_timeout(peer, word, target, what)
                 if now - start > sleep_after:
                     sleeper.sleep(sleep)
-                    sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+                    sleep = next_sleep(sleep, now - start, MAX_SLEEP_SECONDS)
                     if now - last_check > LIVENESS_EVERY_SECONDS:
                         last_check = now
                         gone = self.peer_gone(peer)
