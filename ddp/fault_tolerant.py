@@ -137,6 +137,12 @@ def manager_comm_hook(state, bucket):
     if buffer.device.type != "cpu":
         raise InvalidUsageError(f"manager_comm_hook: the bucket is on {buffer.device}; the cross-replica "
                                 f"average runs on CPU tensors only")
+    if not state.manager.step_open:
+        # Opening it here would join a quorum, and load a peer's parameters, in the middle of backward.
+        raise InvalidUsageError("manager_comm_hook: no step is open: call zero_grad() on manager.optimizer(...) "
+                                "(or manager.start_step()) before the forward pass")
+    if bucket.index() == 0:
+        state.pending = []  # what an interrupted backward left behind
     future: torch.futures.Future = torch.futures.Future()
     state.pending.append((buffer, list(bucket.parameters()), future))
     if not bucket.is_last():
