@@ -58,6 +58,14 @@ class TorchCodec:
         return torch.load(io.BytesIO(data), weights_only=True)
 
 
+def register_model(manager, module: torch.nn.Module) -> None:
+    """``module``'s state (parameters and buffers) goes to a joiner with the manager's catch-up,
+    encoded by :class:`TorchCodec` unless the manager has a codec already."""
+    if manager.codec is None:
+        manager.codec = TorchCodec()
+    manager.register_state("model", module.state_dict, module.load_state_dict)
+
+
 def flatten_gradients(params: List[torch.nn.Parameter]) -> torch.Tensor:
     """Every parameter's gradient (zeros where there is none) in one contiguous CPU tensor."""
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).cpu()
@@ -86,13 +94,8 @@ class FaultTolerantDDP(torch.nn.Module):
         self.module = module
         self.manager = manager
         self.params = [p for p in module.parameters() if p.requires_grad]
-        if manager.codec is None:
-            manager.codec = TorchCodec()
-        manager.register_state("model", module.state_dict, self._load_model)
+        register_model(manager, module)
         manager.gradient_hooks.append(self.average_gradients)
-
-    def _load_model(self, state) -> None:
-        self.module.load_state_dict(state)
 
     def forward(self, *inputs, **kwargs):
         if torch.is_grad_enabled():
@@ -182,9 +185,7 @@ def fault_tolerant_torch_ddp(module: torch.nn.Module, manager, process_group=Non
     if size != 1:
         raise InvalidUsageError(f"fault_tolerant_torch_ddp: the replica's torch group has {size} ranks; a replica "
                                 f"is one process (replica groups of several ranks are not supported yet)")
-    if manager.codec is None:
-        manager.codec = TorchCodec()
-    manager.register_state("model", module.state_dict, module.load_state_dict)
+    register_model(manager, module)
     model = DistributedDataParallel(module, process_group=process_group, **ddp_options)
     model.register_comm_hook(ManagerHookState(manager, module), manager_comm_hook)
     return model
@@ -224,9 +225,7 @@ class FaultTolerantDiLoCo:
         self._start: List[torch.Tensor] = []
         self._inner_start: dict = {}
         self._open = False
-        if manager.codec is None:
-            manager.codec = TorchCodec()
-        manager.register_state("model", module.state_dict, module.load_state_dict)
+        register_model(manager, module)
         manager.register_state("inner", inner_optimizer.state_dict, inner_optimizer.load_state_dict)
         manager.register_state("outer", outer_optimizer.state_dict, outer_optimizer.load_state_dict)
 

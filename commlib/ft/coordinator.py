@@ -224,9 +224,8 @@ class Coordinator:
         connected but silent (cut off: its connection stays open) may come back."""
         if self.stranded:
             return
-        holders = [name for name, seen in self.replicas.items()
-                   if seen.connected and seen.record.state != keys.LEFT and seen.record.step >= progress]
-        if holders:
+        if any(seen.connected and seen.record.state != keys.LEFT and seen.record.step >= progress
+               for seen in self.replicas.values()):
             return
         trained = sorted(name for name, seen in self.replicas.items() if seen.record.step >= progress)
         reason = (f"no live replica holds the job's state: the job is at step {progress}, and the replicas that "
