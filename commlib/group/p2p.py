@@ -23,6 +23,7 @@ arrays: a CuPy array is refused before anything is sent.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -37,6 +38,7 @@ from commlib.execution.work import Work
 from commlib.group.validation import array_kind, check_buffer, check_peer, check_tag, check_timeout
 from commlib.platform.backoff import next_sleep
 from commlib.platform.timer_slack import fine_timer_slack
+from commlib.reliability.teardown import release_later
 from commlib.platform.waiting import (GIVE_UP_CHECK_SECONDS, MAX_SLEEP_SECONDS, SLEEP_AFTER_SECONDS, polls_per_yield,
                                       wait_all)
 from commlib.transports.mpi.transport import as_bytes
@@ -79,9 +81,10 @@ class PointToPoint:
         self.timeout = timeout
         self.progress_board = progress_board  # the group's: which on-node peers have exited
         self.comm = _dup_with_deadline(comm, timeout, name)
-        # As for the group's communicator (commlib.reliability.teardown): freed when collected without
-        # close(); at exit the group's close() frees it.
-        weakref.finalize(self, _free_quietly, self.comm).atexit = False
+        # As for the group's communicator (commlib.reliability.teardown): freed after a collection
+        # without close(), at the next safe point, never inside the collection; at exit the group's
+        # close() frees it.
+        weakref.finalize(self, release_later(functools.partial(_free_quietly, self.comm))).atexit = False
         # User tags take the lower half of the MPI library's tag range, the monitored barrier
         # the upper half, so the two can never match each other.
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)

@@ -39,7 +39,7 @@ from commlib.group.validation import (array_kind, check_buffer, check_counts, ch
 from commlib.ops import ReduceOp, check_op
 from commlib.reliability.crash_witness import witness_endpoint
 from commlib.reliability.progress_board import ProgressBoard
-from commlib.reliability.teardown import free_at_exit
+from commlib.reliability.teardown import free_at_exit, run_released_later
 from commlib.rendezvous.mpi import MPIRendezvous
 from commlib.selection.selector import AlgorithmSelector, load_cost_model
 from commlib.topology import discover_topology
@@ -443,6 +443,7 @@ class ProcessGroup:
             self.progress = None
         self.transport.free_communicator()
         self.closed = True
+        run_released_later()  # groups collected unclosed (commlib.reliability.teardown)
 
     # -- internals -----------------------------------------------------------------------------
     def _issue(self, collective: str, run, nbytes: int, async_op: bool, result, algorithm: str,

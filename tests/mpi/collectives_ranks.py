@@ -1,18 +1,42 @@
 """PYTHONPATH=. mpiexec -n P python tests/mpi/collectives_ranks.py [algorithm ...]
 
 Every collective of the public API against a closed-form result, with inputs derived from the
-rank: dtypes x ops x odd sizes (0, 1, < P, not divisible by P), sync and async.
+rank: dtypes x ops x odd sizes (0, 1, < P, not divisible by P), sync and async; sub-groups, and
+a group collected without close().
 """
 
+import gc
 import sys
 
 import numpy as np
+from mpi4py import MPI
 
 import commlib
 from commlib import InvalidUsageError, ReduceOp
 from tests.support.fast_path_checks import check_inline_path, check_pair_paths_match
 from tests.support.closed_form import DTYPES, OPS, small_values, small_values_reduced
 from tests.support.verdict import Checker
+
+
+def check_a_collected_group_is_freed_at_the_next_safe_point(pg, check):
+    """A group collected without close() frees its communicators at the next group created, never
+    inside the collection: a collection can run while mpi4py holds its own lock, and
+    MPI_Comm_free's attribute callback took that lock again (a rank deadlocked with itself: see
+    commlib/reliability/teardown.py)."""
+    group = pg.new_group(list(range(pg.size)))
+    comms = [comm for comm in (group.transport.comm, getattr(group.p2p, "comm", None)) if comm is not None]
+    buf = np.ones(3)
+    group.allreduce(buf)
+    check.equal(buf, np.full(3, float(pg.size)), "allreduce in the group that is then dropped")
+    cycle = [group]
+    cycle.append(cycle)  # only the cycle collector frees it, at a moment nobody chooses
+    del group, cycle
+    gc.collect()
+    check.check(all(comm != MPI.COMM_NULL for comm in comms),
+                f"none of the {len(comms)} communicators of a collected group is freed inside the collection")
+    pg.new_group(list(range(pg.size))).close()
+    check.check(all(comm == MPI.COMM_NULL for comm in comms),
+                "a collected group's communicators are freed when the next group is created")
 
 
 def main():
@@ -88,6 +112,7 @@ def main():
     else:
         check.check(sub is None, "non-member gets None from new_group")
 
+    check_a_collected_group_is_freed_at_the_next_safe_point(pg, check)
     check_inline_path(pg, check)
     check_pair_paths_match(pg, check)
     check.check(commlib.world() is pg and commlib.init() is pg, "init is idempotent")

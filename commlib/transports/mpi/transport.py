@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from commlib.platform.waiting import wait_all
+from commlib.reliability.teardown import release_later
 from commlib.transports.interface import Pending, Transfer, Transport
 from commlib.transports.mpi.fast_path import make_inline_native, make_inline_pair
 from commlib.transports.mpi.natives import TAG_MODULUS, MPINativeCollectives, as_bytes, raise_timeout
@@ -96,8 +97,9 @@ class MPITransport(MPINativeCollectives, Transport):
         free_communicator(self.comm)
 
     def releaser(self):
-        """What frees the communicator when its group is collected unclosed (holds no group)."""
-        return functools.partial(free_communicator, self.comm)
+        """What frees the communicator when its group is collected unclosed (holds no group):
+        queued, not run in the collection (:mod:`commlib.reliability.teardown` says why)."""
+        return release_later(functools.partial(free_communicator, self.comm))
 
     def fail_timeout(self, requests, sends, recvs) -> None:
         """Cancel what is still pending (so no late message lands in a user buffer) and raise."""
