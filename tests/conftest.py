@@ -1,14 +1,16 @@
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.support import check_log, mpich_leftovers
-from tests.support.mpirun import python_path
+from tests.support.mpirun import SHARED_JOBS_ENV, python_path
 
 _SEGMENTS_BEFORE = pytest.StashKey[set]()
 _OWN_CHECK_LOG = pytest.StashKey[str]()
+_OWN_JOBS_DIR = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
@@ -24,6 +26,10 @@ def pytest_configure(config):
         os.close(descriptor)
         os.environ[check_log.ENV] = path
         config.stash[_OWN_CHECK_LOG] = path
+    # Where the jobs shared by several test files keep their results (tests.support.mpirun.Job).
+    if not os.environ.get(SHARED_JOBS_ENV):
+        os.environ[SHARED_JOBS_ENV] = tempfile.mkdtemp(prefix="commlib-jobs-")
+        config.stash[_OWN_JOBS_DIR] = os.environ[SHARED_JOBS_ENV]
 
 
 def pytest_unconfigure(config):
@@ -32,6 +38,10 @@ def pytest_unconfigure(config):
         os.environ.pop(check_log.ENV, None)
         if os.path.exists(path):
             os.unlink(path)
+    directory = config.stash.get(_OWN_JOBS_DIR, None)
+    if directory is not None:
+        os.environ.pop(SHARED_JOBS_ENV, None)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, config):

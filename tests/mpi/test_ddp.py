@@ -1,22 +1,20 @@
 """DDP under real mpiexec: equivalence with one process on the whole batch, features, error paths.
 
-Each script runs many cases in one launch, and the three share one job per world size (starting
-torch on P ranks costs more than most of the cases).
+Each script runs many cases in one launch, in the session's job of torch scripts per world size
+(tests/support/torch_job.py).
 """
 
 import pytest
 
-from tests.support.mpirun import Job, Part, run_mpi
+from tests.support.mpirun import run_mpi
+from tests.support.torch_job import TORCH_JOB
 
 pytestmark = pytest.mark.mpi
-
-# ddp_errors_ranks.py last: it registers a failing allreduce algorithm for the rest of its process.
-DDP = Job(Part("ddp_equivalence_ranks.py"), Part("ddp_features_ranks.py"), Part("ddp_errors_ranks.py"), timeout=400)
 
 
 @pytest.mark.parametrize("nprocs", (1, 2, 3))
 def test_ddp_equivalence(nprocs):
-    DDP.check(nprocs, "ddp_equivalence_ranks.py")
+    TORCH_JOB.check(nprocs, "ddp_equivalence_ranks.py")
 
 
 @pytest.mark.full
@@ -26,9 +24,9 @@ def test_ddp_equivalence_four_ranks():
 
 @pytest.mark.parametrize("nprocs", (1, 2, 3))
 def test_ddp_features(nprocs):
-    DDP.check(nprocs, "ddp_features_ranks.py")
+    TORCH_JOB.check(nprocs, "ddp_features_ranks.py")
 
 
 @pytest.mark.parametrize("nprocs", (1, 2, 3))
 def test_ddp_errors(nprocs):
-    DDP.check(nprocs, "ddp_errors_ranks.py")
+    TORCH_JOB.check(nprocs, "ddp_errors_ranks.py")

@@ -9,7 +9,8 @@ from collections import defaultdict
 
 import pytest
 
-from tests.support.mpirun import ROOT, run_mpi
+from tests.support.mpirun import ROOT
+from tests.support.torch_job import TORCH_JOB, TRACE_BATCH, trace_path, traced_training
 
 from ddp import timeline
 
@@ -18,29 +19,22 @@ CNN_PARAMETERS = (32 * 9 + 32) + (64 * 32 * 9 + 64) + (1024 * 128 + 128) + (128 
 
 
 TRAIN_SAMPLES = 1797 - 360
-BATCH = 32
+BATCH = TRACE_BATCH
 
 
 def steps_per_epoch(ranks):
     return math.ceil(math.ceil(TRAIN_SAMPLES / ranks) / BATCH)  # the sampler pads to a multiple of ranks
 
 
-_TRACES = {}
-
-
-def traced(ranks, tmp_path_factory):
-    """The trace of one training epoch on ``ranks`` ranks (run once per module)."""
-    if ranks not in _TRACES:
-        path = tmp_path_factory.mktemp(f"trace{ranks}") / "trace.json"
-        run_mpi(ROOT / "mpi_examples" / "train_digits.py", ranks, "--epochs", "1", "--no-progress",
-                "--batch-size", str(BATCH), "--trace", str(path), timeout=150)
-        _TRACES[ranks] = path
-    return ranks, _TRACES[ranks]
+def traced(ranks):
+    """The trace of one training epoch on ``ranks`` ranks (a part of the session's torch job)."""
+    TORCH_JOB.check(ranks, *traced_training(ranks))
+    return ranks, trace_path(ranks)
 
 
 @pytest.fixture(scope="module", params=(2, 3))
-def traced_run(request, tmp_path_factory):
-    return traced(request.param, tmp_path_factory)
+def traced_run(request):
+    return traced(request.param)
 
 
 @pytest.mark.mpi
@@ -100,10 +94,10 @@ def test_timeline_figures(traced_run):
 
 
 @pytest.mark.mpi
-def test_timeline_cli_prints_figures_and_writes_the_png(tmp_path_factory, tmp_path):
-    _, trace_path = traced(2, tmp_path_factory)
+def test_timeline_cli_prints_figures_and_writes_the_png(tmp_path):
+    _, trace = traced(2)
     png = tmp_path / "overlap.png"
-    result = subprocess.run([sys.executable, "-m", "ddp.timeline", str(trace_path), "--png", str(png)],
+    result = subprocess.run([sys.executable, "-m", "ddp.timeline", str(trace), "--png", str(png)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "communication hidden behind computation:" in result.stdout

@@ -10,6 +10,9 @@ different ranks never join.
 
 from __future__ import annotations
 
+import fcntl
+import functools
+import json
 import os
 import re
 import shutil
@@ -114,8 +117,14 @@ class Part:
 Launch = Callable[[Hashable, List[str], float, Optional[Mapping[str, str]]], subprocess.CompletedProcess]
 
 
-def _launch_mpiexec(nprocs, argv, timeout, env):
+def launch_mpiexec(nprocs, argv, timeout, env):
+    """A :class:`Job`'s default launch: ``python -m tests.support.job argv`` on ``nprocs`` local ranks."""
     return run_mpi("-m tests.support.job", nprocs, *argv, timeout=timeout, env=env, check=False)
+
+
+#: A directory that every pytest process of the session sees (the controller makes it, xdist's
+#: workers inherit it): where a shared :class:`Job`'s results are kept.
+SHARED_JOBS_ENV = "COMMLIB_TEST_JOBS"
 
 
 class Job:
@@ -128,14 +137,21 @@ class Job:
     it), the others read its result. A script passes when every rank ended it with status 0.
     Scripts share the job's start-up, so they must need the same environment and the same
     ``commlib.init`` arguments. ``launch(where, argv, timeout, env)`` starts the job somewhere
-    else than under a local mpiexec with ``where`` ranks (a cluster: tests/support/multihost.py)."""
+    else than under a local mpiexec with ``where`` ranks (a cluster: tests/support/multihost.py).
+
+    ``shared``: a name that makes the job one per session, not one per test file's process: the
+    test files that check its scripts may run in different xdist workers (``--dist loadfile``),
+    and the first to need it at a world size runs it while the others wait for its result
+    (kept under :data:`SHARED_JOBS_ENV`). That is what lets scripts of several test files share
+    one start-up of torch per world size."""
 
     def __init__(self, *parts: Part, timeout: float, env: Optional[Mapping[str, str]] = None,
-                 launch: Launch = _launch_mpiexec):
+                 launch: Launch = launch_mpiexec, shared: Optional[str] = None):
         self.parts = list(parts)
         self.timeout = timeout
         self.env = env
         self.launch = launch
+        self.shared = shared
         self._results: Dict[Hashable, subprocess.CompletedProcess] = {}
         self._hung: Dict[Hashable, str] = {}
 
@@ -155,10 +171,39 @@ class Job:
                 if part.runs_at(where):
                     path = Path(part.script) if Path(part.script).is_absolute() else MPI_SCRIPTS / part.script
                     argv += [SEPARATOR, str(path), *part.args]
-            self._hung[where] = os.environ.get("PYTEST_CURRENT_TEST", "an earlier test").rsplit(" (", 1)[0]
-            self._results[where] = self.launch(where, argv[1:], self.timeout, self.env)
+            test = os.environ.get("PYTEST_CURRENT_TEST", "an earlier test").rsplit(" (", 1)[0]
+            self._hung[where] = test
+            launch = functools.partial(self.launch, where, argv[1:], self.timeout, self.env)
+            self._results[where] = launch() if self._shared_dir() is None else self._run_shared(where, launch, test)
             del self._hung[where]
         return self._results[where]
+
+    def _shared_dir(self) -> Optional[Path]:
+        directory = os.environ.get(SHARED_JOBS_ENV)
+        return Path(directory) if self.shared and directory else None
+
+    def _run_shared(self, where: Hashable, launch, test: str) -> subprocess.CompletedProcess:
+        """The session's one run at ``where``: run here, under an exclusive lock on its file, or
+        read what the process that ran it wrote (a hang there fails here at once)."""
+        directory = self._shared_dir()
+        assert directory is not None
+        record = directory / f"{self.shared}-{where}.json"
+        with open(directory / f"{self.shared}-{where}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if this process dies
+            if record.exists():
+                kept = json.loads(record.read_text())
+                if "hung" in kept:
+                    pytest.fail(f"the job {' | '.join(self.labels(where))} at {where} hung in {kept['hung']} "
+                                f"(another pytest worker)")
+                return subprocess.CompletedProcess(kept["args"], kept["returncode"], kept["stdout"], "")
+            try:
+                result = launch()
+            except BaseException:
+                record.write_text(json.dumps({"hung": test}))  # or failed to start: either way, no result
+                raise
+            record.write_text(json.dumps({"args": [str(arg) for arg in result.args],
+                                          "returncode": result.returncode, "stdout": result.stdout}))
+            return result
 
     def check(self, where: Hashable, script, *args) -> str:
         """Fail the test unless ``script args`` passed at ``where``; its part of the output (rank

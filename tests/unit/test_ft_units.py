@@ -449,3 +449,40 @@ def test_the_probe_rounds_meet_every_pair_once_and_give_each_member_one_partner(
     for partners in rounds:
         assert all(partner < 0 or partners[partner] == member for member, partner in enumerate(partners))
     assert len(rounds) == (size - 1 if size % 2 == 0 else size)
+
+
+def test_the_torch_ddp_hook_refuses_to_open_a_step_inside_backward(coordinator):
+    """fault_tolerant_torch_ddp's hook, with no step open when backward reaches it, raises a
+    named error instead of joining a quorum (and loading a peer's parameters) mid-backward; the
+    manager is untouched and opens the step at the optimizer's zero_grad."""
+    torch = pytest.importorskip("torch")
+    from commlib.ft import Manager
+    from ddp import fault_tolerant_torch_ddp
+
+    coord, replicas = coordinator(heartbeat_timeout=100.0, initial_replicas=1, min_replicas=1, join_window=0.05)
+    stop = threading.Event()
+
+    def ticks():  # the decision loop, on the real clock
+        while not stop.is_set():
+            coord.decide(time.monotonic())
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=ticks, daemon=True)
+    thread.start()
+    manager = Manager(f"127.0.0.1:{coord.port}", replica_id="only", join_timeout=60.0)
+    try:
+        torch.manual_seed(0)
+        model = fault_tolerant_torch_ddp(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                                             torch.nn.Linear(8, 2)), manager)
+        opt = manager.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        inputs = torch.randn(6, 4)
+        with pytest.raises(Exception, match="manager_comm_hook: no step is open: call zero_grad"):
+            model(inputs).square().sum().backward()
+        assert manager.group is None and not manager.step_open, "no quorum was joined inside backward"
+        opt.zero_grad()  # the step opens where it should (torch's reducer, after a hook raised, is not
+        assert manager.step_open and manager.group is not None  # usable again: that is torch's)
+    finally:
+        manager.close()
+        stop.set()
+        thread.join(5)
+        replicas.close()

@@ -53,5 +53,6 @@ def test_one_process_tests_start_no_mpi_job():
 
 def test_every_test_file_under_mpi_launches_jobs():
     for path in (TESTS / "mpi").glob("test_*.py"):
-        assert re.search(r"\brun_mpi\(|\bmpiexec_path\(|\.check\(\w+, \"", path.read_text()), \
+        # A job's check: JOB.check(nprocs, "script.py", ...) or JOB.check(nprocs, *script_and_args(...)).
+        assert re.search(r"\brun_mpi\(|\bmpiexec_path\(|\.check\(\w+, (\"|\*\w+\()", path.read_text()), \
             f"{path.name} starts no MPI job: one-process tests belong in tests/unit/"
