@@ -4,6 +4,7 @@ whose heartbeats test clients write as replicas would."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -133,6 +134,25 @@ def settle(coordinator: Coordinator, now: float) -> None:
     """Two ticks, the second past the join window: a quorum that can form, forms."""
     coordinator.decide(now)
     coordinator.decide(now + coordinator.join_window + 0.01)
+
+
+@contextlib.contextmanager
+def deciding(coordinator: Coordinator):
+    """The coordinator's decision loop on the real clock, in a thread, for a real Manager."""
+    stop = threading.Event()
+
+    def ticks():
+        while not stop.is_set():
+            coordinator.decide(time.monotonic())
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=ticks, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
 
 
 def read(coordinator: Coordinator, key: str):
@@ -290,30 +310,20 @@ def test_a_manager_behind_a_job_whose_replicas_all_left_raises_at_once_naming_th
     from commlib.ft import Manager
 
     coord, replicas = coordinator(heartbeat_timeout=100.0)
-    stop = threading.Event()
-
-    def ticks():  # the decision loop, on the real clock
-        while not stop.is_set():
-            coord.decide(time.monotonic())
-            stop.wait(0.02)
-
-    thread = threading.Thread(target=ticks, daemon=True)
-    thread.start()
     try:
-        for name in "ab":
-            replicas.register(name, keys.LEFT, 0, 7)
-        manager = Manager(f"127.0.0.1:{coord.port}", replica_id="late", join_timeout=120.0)
-        started = time.monotonic()
-        with pytest.raises(JobStateLostError) as raised:
-            manager.start_step()
-        assert time.monotonic() - started < 10.0, "told at once, not at the join timeout"
-        message = str(raised.value)
-        assert "replica late (at step 0)" in message and "at step 7" in message and "(a, b)" in message, message
-        assert any(event["kind"] == "stranded" for event in manager.events)
-        manager.close()
+        with deciding(coord):
+            for name in "ab":
+                replicas.register(name, keys.LEFT, 0, 7)
+            manager = Manager(f"127.0.0.1:{coord.port}", replica_id="late", join_timeout=120.0)
+            started = time.monotonic()
+            with pytest.raises(JobStateLostError) as raised:
+                manager.start_step()
+            assert time.monotonic() - started < 10.0, "told at once, not at the join timeout"
+            message = str(raised.value)
+            assert "replica late (at step 0)" in message and "at step 7" in message and "(a, b)" in message, message
+            assert any(event["kind"] == "stranded" for event in manager.events)
+            manager.close()
     finally:
-        stop.set()
-        thread.join(5)
         replicas.close()
 
 
@@ -460,29 +470,19 @@ def test_the_torch_ddp_hook_refuses_to_open_a_step_inside_backward(coordinator):
     from ddp import fault_tolerant_torch_ddp
 
     coord, replicas = coordinator(heartbeat_timeout=100.0, initial_replicas=1, min_replicas=1, join_window=0.05)
-    stop = threading.Event()
-
-    def ticks():  # the decision loop, on the real clock
-        while not stop.is_set():
-            coord.decide(time.monotonic())
-            stop.wait(0.02)
-
-    thread = threading.Thread(target=ticks, daemon=True)
-    thread.start()
-    manager = Manager(f"127.0.0.1:{coord.port}", replica_id="only", join_timeout=60.0)
-    try:
-        torch.manual_seed(0)
-        model = fault_tolerant_torch_ddp(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
-                                                             torch.nn.Linear(8, 2)), manager)
-        opt = manager.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-        inputs = torch.randn(6, 4)
-        with pytest.raises(Exception, match="manager_comm_hook: no step is open: call zero_grad"):
-            model(inputs).square().sum().backward()
-        assert manager.group is None and not manager.step_open, "no quorum was joined inside backward"
-        opt.zero_grad()  # the step opens where it should (torch's reducer, after a hook raised, is not
-        assert manager.step_open and manager.group is not None  # usable again: that is torch's)
-    finally:
-        manager.close()
-        stop.set()
-        thread.join(5)
-        replicas.close()
+    with deciding(coord):
+        manager = Manager(f"127.0.0.1:{coord.port}", replica_id="only", join_timeout=60.0)
+        try:
+            torch.manual_seed(0)
+            model = fault_tolerant_torch_ddp(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                                                 torch.nn.Linear(8, 2)), manager)
+            opt = manager.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+            inputs = torch.randn(6, 4)
+            with pytest.raises(Exception, match="manager_comm_hook: no step is open: call zero_grad"):
+                model(inputs).square().sum().backward()
+            assert manager.group is None and not manager.step_open, "no quorum was joined inside backward"
+            opt.zero_grad()  # the step opens where it should (torch's reducer, after a hook raised, is
+            assert manager.step_open and manager.group is not None  # not usable again: that is torch's)
+        finally:
+            manager.close()
+            replicas.close()
