@@ -31,16 +31,21 @@ def traced_training(ranks: int) -> tuple:
             str(TRACE_BATCH), "--trace", str(trace_path(ranks)))
 
 
+#: The world sizes of the default run. Only efficient_dp_local_sgd_ranks.py also runs at 4 (under
+#: ``pytest -m full``); DDP's check at 4 ranks is its own job (test_ddp.py).
+SIZES = (1, 2, 3)
+
 TORCH_JOB = Job(
-    Part("torch_collectives_ranks.py"), Part("torch_exchange_ranks.py", sizes=(2, 3)),
-    Part("torch_ddp_ranks.py", sizes=(2, 3)), Part("torch_functional_ranks.py"), Part("torch_profiling_ranks.py"),
-    Part("ordering_powersgd_ranks.py", sizes=(2, 3)), Part("ordering_callbacks_ranks.py"),
+    Part("torch_collectives_ranks.py", sizes=SIZES), Part("torch_exchange_ranks.py", sizes=(2, 3)),
+    Part("torch_ddp_ranks.py", sizes=(2, 3)), Part("torch_functional_ranks.py", sizes=SIZES),
+    Part("torch_profiling_ranks.py", sizes=SIZES),
+    Part("ordering_powersgd_ranks.py", sizes=(2, 3)), Part("ordering_callbacks_ranks.py", sizes=SIZES),
     Part("ordering_empty_ranks.py", sizes=(2, 3)),
     Part("efficient_dp_local_sgd_ranks.py", sizes=(2, 3, 4)), Part("efficient_dp_powersgd_ranks.py", sizes=(2, 3)),
     Part("efficient_dp_join_ranks.py", sizes=(2, 3)), Part("efficient_dp_resume_ranks.py", sizes=(2,)),
-    Part("low_communication_ranks.py", sizes=(1, 2, 3)),
+    Part("low_communication_ranks.py", sizes=SIZES),
     Part(*traced_training(2), sizes=(2,)), Part(*traced_training(3), sizes=(3,)),
-    Part("ddp_equivalence_ranks.py"), Part("ddp_features_ranks.py"),
+    Part("ddp_equivalence_ranks.py", sizes=SIZES), Part("ddp_features_ranks.py", sizes=SIZES),
     # Last: it registers a failing allreduce algorithm for the rest of its process.
-    Part("ddp_errors_ranks.py"),
+    Part("ddp_errors_ranks.py", sizes=SIZES),
     timeout=1500, shared="torch")
