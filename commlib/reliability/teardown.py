@@ -58,8 +58,9 @@ def free_at_exit(group, release) -> None:
 
     Call right after creating the group's communicator (``mpi4py.MPI`` is imported by then, so
     this handler runs before mpi4py's finalize). A group garbage-collected before exit without
-    ``close()`` has ``release()`` called then (what ties it to its ranks: an MPI communicator's
-    free, a socket mesh's goodbye); ``release`` must not hold a reference to the group.
+    ``close()`` has ``release()`` called in the collection (what ties it to its ranks: a socket
+    mesh's goodbye; an MPI communicator's free, which must be a :func:`release_later`);
+    ``release`` must not hold a reference to the group.
     """
     global _installed
     run_released_later()  # a group is being created: a safe point (see the module docstring)
