@@ -29,7 +29,10 @@ time. A block ends when its last averaging has completed (the partial averager's
 waited for inside the block, not left to overlap the next one). Configurations take turns block
 by block, ``--rounds`` times, so a slow spell of the shared machine hits them alike; the time is
 the median over rounds of each block's mean step time, the maximum over ranks. Bytes: payload
-handed to collectives per step (DDP's buckets and the averager's allreduces), rank 0.
+handed to collectives per step (DDP's buckets and the averager's allreduces), rank 0. ``waited
+ms/step`` (the low-communication methods): the time the loop stood waiting for their
+synchronisations (``waited_seconds``), per step, counted like the step time: what overlap did
+not hide (streaming DiLoCo's delay should bring it to about zero).
 """
 
 from __future__ import annotations
@@ -159,7 +162,9 @@ def build(method, base, args, group):
 
 
 def one_block(method, base, x, y, args, group):
-    """(mean seconds per step, bytes per step) of one fresh block of ``args.steps`` steps."""
+    """(mean seconds per step, bytes per step, seconds per step waited or None) of one fresh block
+    of ``args.steps`` steps; waited: what the method's ``waited_seconds`` counted (the
+    low-communication methods), None for the others."""
     model, optimizer, averager = build(method, base, args, group)
 
     def step():
@@ -175,6 +180,7 @@ def one_block(method, base, x, y, args, group):
         if averager is not None:
             averager.finish()
         sent_before = averager.bytes_sent if averager is not None else 0
+        waited_before = getattr(averager, "waited_seconds", None)
         group.comm.Barrier()
         start = time.perf_counter()
         sent = sum(step() for _ in range(args.steps))
@@ -183,9 +189,10 @@ def one_block(method, base, x, y, args, group):
         elapsed = time.perf_counter() - start
         if averager is not None:
             sent += averager.bytes_sent - sent_before
+        waited = None if waited_before is None else (averager.waited_seconds - waited_before) / args.steps
     group.comm.Barrier()
     model.reducer.remove_hooks()
-    return elapsed / args.steps, sent / args.steps
+    return elapsed / args.steps, sent / args.steps, waited
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -214,6 +221,7 @@ def columns(reference: str) -> tuple:
     """The table's columns; the ratios are to the first method, ``reference``."""
     return (Column("sync", 12, "s"), Column("ms/step", 9, ".1f"), Column("vs " + reference, 8, ".2f"),
             Column("MB/step", 9, ".3f"), Column("bytes vs", 9, ".4f", "n/a"),
+            Column("waited ms/step", 15, ".1f", "n/a"),
             Column("blocks (ms/step)", 20, lambda blocks: " ".join(f"{ms:.0f}" for ms in blocks)))
 
 
@@ -233,17 +241,20 @@ def main(argv=None) -> None:
     torch.manual_seed(1 + group.rank)
     x, y = make_batch(args.batch or default_batch)
     samples: Dict[str, List[float]] = {method: [] for method in args.sync}
+    waits: Dict[str, List[float]] = {method: [] for method in args.sync}
     sent = {}
     for round_index in range(args.rounds):
         order = args.sync[round_index % len(args.sync):] + args.sync[:round_index % len(args.sync)]
         for method in order:
-            seconds, per_step = one_block(method, base, x, y, args, group)
+            seconds, per_step, waited = one_block(method, base, x, y, args, group)
             gc.collect()  # the block's model is gone: one model's memory alive at a time
             assert group.comm is not None  # the benchmark runs under mpiexec
             samples[method].append(group.comm.allreduce(seconds, op=MPI.MAX))
+            if waited is not None:  # the slowest rank's, as for the step time
+                waits[method].append(group.comm.allreduce(waited, op=MPI.MAX))
             sent[method] = per_step
     if group.rank == 0:
-        rows = make_rows(args, samples, sent)
+        rows = make_rows(args, samples, sent, waits)
         print_table(args, group, base, rows)
         if args.json:
             write_record(args.json, bench_record("ddp.bench --sync", module="ddp.bench", argv=argv,
@@ -251,8 +262,9 @@ def main(argv=None) -> None:
                                                  rows=rows))
 
 
-def make_rows(args, samples, sent) -> List[dict]:
-    """One row per method, keyed by the table's columns (and the model)."""
+def make_rows(args, samples, sent, waits) -> List[dict]:
+    """One row per method, keyed by the table's columns (and the model); ``waits``: per method
+    the seconds per step waited in each block (empty: not counted)."""
     reference = args.sync[0]
     reference_time, reference_bytes = statistics.median(samples[reference]), sent[reference]
     rows = []
@@ -261,6 +273,7 @@ def make_rows(args, samples, sent) -> List[dict]:
         rows.append({"sync": method, "ms/step": median * 1e3, "vs " + reference: median / reference_time,
                      "MB/step": sent[method] / 1e6,
                      "bytes vs": sent[method] / reference_bytes if reference_bytes else None,
+                     "waited ms/step": statistics.median(waits[method]) * 1e3 if waits[method] else None,
                      "blocks (ms/step)": [s * 1e3 for s in samples[method]], "model": args.model})
     return rows
 

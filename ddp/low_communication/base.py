@@ -32,12 +32,17 @@ to join.
 
 Bytes. ``bytes_sent`` is the payload this object handed to collectives (the wire dtype's bytes),
 what the methods' formulas count; Join's allgather and the starting broadcast are not in it.
+
+Time. ``waited_seconds`` is how long the training loop stood still waiting for this object's
+synchronisations (a blocking average, or the wait for one in flight): what overlap did not hide.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import List, Optional
+import contextlib
+import time
+from typing import Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -85,6 +90,7 @@ class LowCommunication(Joinable, abc.ABC):
         self.step = 0
         self.started = False  # the ranks' starting point is agreed (see the module docstring)
         self.sent = ByteCounter()
+        self.waited_seconds = 0.0
         self._handles: list = []
         self.ddp_hook_state: Optional[PostLocalSGDState] = self._local_steps_in_ddp()
 
@@ -110,6 +116,15 @@ class LowCommunication(Joinable, abc.ABC):
     def bytes_sent(self) -> int:
         """Payload bytes this object has handed to collectives so far."""
         return self.sent.total
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Within: the training loop waits for a synchronisation (added to ``waited_seconds``)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.waited_seconds += time.perf_counter() - start
 
     @property
     def local_step(self) -> int:

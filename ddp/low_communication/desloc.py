@@ -97,8 +97,9 @@ class DESLOC(LowCommunication):
         if moments:
             tensors += self._moments(moments)
         # In place where large (no copy), the small ones of a dtype in one buffer: ddp.averaging's way.
-        average_tensors(tensors, self.process_group, contributors=self.divisor(join), contribute=contribute,
-                        counter=self.sent, algorithm=self.algorithm)
+        with self.waiting():
+            average_tensors(tensors, self.process_group, contributors=self.divisor(join), contribute=contribute,
+                            counter=self.sent, algorithm=self.algorithm)
 
     def state_dict(self) -> dict:
         state = super().state_dict()

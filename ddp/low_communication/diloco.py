@@ -199,7 +199,8 @@ class DiLoCo(LowCommunication):
         assert self._in_flight is not None
         index, averaging = self._in_flight
         fragment = self.fragments[index]
-        deltas = averaging.wait()
+        with self.waiting():
+            deltas = averaging.wait()
         locals_ = None
         if self.fragment_update_alpha:
             locals_ = [flatten_into(group, local) for group, local
@@ -239,7 +240,8 @@ class DiLoCo(LowCommunication):
 
     def finish(self) -> None:
         if self._in_flight is not None:
-            self._in_flight[1].wait()
+            with self.waiting():
+                self._in_flight[1].wait()
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _config(self) -> dict:

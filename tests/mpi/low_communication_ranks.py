@@ -317,6 +317,19 @@ def check_join_uneven_inputs(check, group):
                 "DES-LOC under Join: final parameters", **TIGHT)
 
 
+def check_waits_are_counted(check, group):
+    """``waited_seconds`` grows at the steps that wait for a synchronisation, and only there: with
+    H = 2, after steps 2 and 4 (DiLoCo lands its average there; DES-LOC averages every quantity)."""
+    methods = {"DiLoCo": diloco(sync_every=2), "DES-LOC": desloc(sync_every=(2, 2, 2))}
+    for name, (model, optimizer, method) in methods.items():
+        waited = []
+        for t in range(1, 5):
+            train(model, optimizer, method, t - 1, t, group.rank)
+            waited.append(method.waited_seconds)
+        check.check(waited[0] == 0.0 and waited[1] > 0 and waited[2] == waited[1] and waited[3] > waited[2],
+                    f"{name}: waited_seconds after steps 1-4 {waited}: expected to grow at steps 2 and 4 only")
+
+
 def check_bad_arguments(check, group):
     model = mlp()
     inner, outer = torch.optim.AdamW(model.parameters()), torch.optim.SGD(model.parameters(), lr=0.7)
@@ -357,7 +370,7 @@ def main():
     check_hosts(check, group)
     for fn in (check_bad_arguments, check_diloco_matches_reference, check_repeatable_and_resumable,
                check_one_outer_optimizer_per_fragment, check_outer_sgd_lr_one_is_local_sgd, check_after_ddp_warmup,
-               check_desloc, check_desloc_k1_against_ddp_adam, check_join_uneven_inputs):
+               check_desloc, check_desloc_k1_against_ddp_adam, check_join_uneven_inputs, check_waits_are_counted):
         fn(check, group)
     check.finish()
 

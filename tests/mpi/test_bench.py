@@ -230,7 +230,8 @@ def test_ddp_bench_sync_rows_count_the_bytes_of_each_method(ddp_benches):
     stdout, _, record, _ = ddp_benches
     assert record["benchmark"] == "ddp.bench --sync"
     assert record["command"].startswith("mpiexec -n 2 python -m ddp.bench --sync " + " ".join(SYNC))
-    assert record["columns"] == ["sync", "ms/step", "vs ddp", "MB/step", "bytes vs", "blocks (ms/step)"]
+    assert record["columns"] == ["sync", "ms/step", "vs ddp", "MB/step", "bytes vs", "waited ms/step",
+                                 "blocks (ms/step)"]
     rows = {row["sync"]: row for row in record["rows"]}
     assert list(rows) == SYNC_METHODS, rows
     assert all(row["ms/step"] > 0 and len(row["blocks (ms/step)"]) == 1 for row in rows.values()), rows
@@ -244,6 +245,11 @@ def test_ddp_bench_sync_rows_count_the_bytes_of_each_method(ddp_benches):
     for method in ("diloco", "streaming-diloco", "desloc"):
         assert rows[method]["MB/step"] == pytest.approx(rows["ddp"]["MB/step"] / 2, rel=0.01), (method, rows)
     assert rows["ddp-adam"]["MB/step"] == rows["ddp"]["MB/step"], rows
+    # The wait is counted for the methods that have one, and only for them (no figure asserted).
+    for method, row in rows.items():
+        counted = method in ("diloco", "streaming-diloco", "desloc")
+        assert (row["waited ms/step"] is not None) == counted, (method, row)
+        assert not counted or 0 <= row["waited ms/step"] <= row["ms/step"], (method, row)
     assert "      sync   ms/step   vs ddp" in stdout, stdout
 
 

@@ -49,4 +49,8 @@ def test_stack_benchmark_runs_and_writes_its_tables(tmp_path):
         assert record["rows"] and all(set(record["columns"]) <= set(row) for row in record["rows"]), (name, record)
     backends = [row["backend"] for row in tables["fsdp"]["rows"]]
     assert backends == ["commlib", "gloo"] and all(row["calls"] > 0 for row in tables["fsdp"]["rows"])
+    # Every DTensor row has torch's own cost beside the two backends (the no-communication group).
+    assert [row["what"] for row in tables["dtensor"]["rows"]] == [
+        "redistribute", "funcol all_gather", "all_gather_into_tensor"], tables["dtensor"]
+    assert all(row["floor us"] > 0 and row["gloo/floor"] > 0 for row in tables["dtensor"]["rows"]), tables["dtensor"]
     assert "gloo/commlib" in result.stdout
