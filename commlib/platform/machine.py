@@ -17,7 +17,11 @@ from __future__ import annotations
 import os
 import socket
 
-__all__ = ["machine_id", "cores_available", "note_ranks_on_machine", "ranks_on_machine", "oversubscribed"]
+__all__ = ["machine_id", "cores_available", "note_ranks_on_machine", "ranks_on_machine", "oversubscribed",
+           "polls_per_yield", "POLLS_PER_YIELD"]
+
+# A polling waiter's polls between two sched_yield calls while the machine has a core per rank.
+POLLS_PER_YIELD = 16
 
 _oversubscribed = False
 _ranks_on_machine = 1
@@ -58,3 +62,9 @@ def ranks_on_machine() -> int:
 def oversubscribed() -> bool:
     """Whether more of the job's ranks run on this machine than it has cores (see the module)."""
     return _oversubscribed
+
+
+def polls_per_yield() -> int:
+    """Polls between yields for a waiter that polls (MPI requests, the socket transport's epoll):
+    ``POLLS_PER_YIELD``, or 1 when ranks outnumber the machine's cores."""
+    return 1 if _oversubscribed else POLLS_PER_YIELD

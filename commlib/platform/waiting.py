@@ -21,20 +21,14 @@ import time
 from mpi4py import MPI
 
 from commlib.platform.backoff import next_sleep
-from commlib.platform.machine import oversubscribed
+from commlib.platform.machine import POLLS_PER_YIELD, polls_per_yield
 from commlib.platform.timer_slack import FineSleeper
 
 __all__ = ["wait_all", "polls_per_yield", "POLLS_PER_YIELD", "SLEEP_AFTER_SECONDS"]
 
-POLLS_PER_YIELD = 16
 SLEEP_AFTER_SECONDS = 5e-3
 MAX_SLEEP_SECONDS = 5e-4
 GIVE_UP_CHECK_SECONDS = 0.02
-
-
-def polls_per_yield() -> int:
-    """Polls between yields: ``POLLS_PER_YIELD``, or 1 when ranks outnumber the machine's cores."""
-    return 1 if oversubscribed() else POLLS_PER_YIELD
 
 
 def wait_all(requests, deadline: float, give_up=None, statuses=None) -> bool:
