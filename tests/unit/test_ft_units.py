@@ -461,6 +461,58 @@ def test_the_probe_rounds_meet_every_pair_once_and_give_each_member_one_partner(
     assert len(rounds) == (size - 1 if size % 2 == 0 else size)
 
 
+class _Bucket:
+    """What manager_comm_hook reads of torch's GradBucket (torch builds real ones only inside a
+    DDP backward, which cannot be interrupted and go on: its reducer is unusable after)."""
+
+    def __init__(self, index, last, params):
+        self._index, self._last, self._params = index, last, params
+        import torch
+
+        self._buffer = torch.cat([p.detach().reshape(-1) * (index + 1) for p in params])
+
+    def buffer(self):
+        return self._buffer
+
+    def parameters(self):
+        return self._params
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return self._last
+
+
+def test_the_torch_ddp_hook_drops_what_an_interrupted_backward_left(coordinator):
+    """A backward that stopped after its first bucket leaves that bucket in the hook's state; the
+    next backward's bucket 0 drops it, so the average holds this backward's buckets only, and the
+    stale bucket's future is never completed (one replica: the average is the gradient itself)."""
+    torch = pytest.importorskip("torch")
+    from commlib.ft import Manager
+    from ddp.fault_tolerant import ManagerHookState, manager_comm_hook
+
+    coord, replicas = coordinator(heartbeat_timeout=100.0, initial_replicas=1, min_replicas=1, join_window=0.05)
+    with deciding(coord):
+        manager = Manager(f"127.0.0.1:{coord.port}", replica_id="only", join_timeout=60.0)
+        try:
+            module = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+            params = list(module.parameters())
+            state = ManagerHookState(manager, module)
+            manager.start_step()
+            stale = manager_comm_hook(state, _Bucket(0, False, params[2:]))  # ... and backward stopped there
+            first, last = _Bucket(0, False, params[2:]), _Bucket(1, True, params[:2])
+            expected = [first.buffer().clone(), last.buffer().clone()]
+            futures = [manager_comm_hook(state, first), manager_comm_hook(state, last)]
+            assert all(future.done() for future in futures) and not stale.done()
+            for future, want in zip(futures, expected):
+                assert torch.equal(future.value(), want)
+            assert state.pending == []
+        finally:
+            manager.close()
+            replicas.close()
+
+
 def test_the_torch_ddp_hook_refuses_to_open_a_step_inside_backward(coordinator):
     """fault_tolerant_torch_ddp's hook, with no step open when backward reaches it, raises a
     named error instead of joining a quorum (and loading a peer's parameters) mid-backward; the
