@@ -17,7 +17,10 @@ fi
 # tests start would otherwise compile what it imports anew (PYTHONDONTWRITEBYTECODE is common in
 # CI), seconds of CPU per process that imports torch. Stale files are recompiled on import as
 # usual. In the packages, a few files are not Python 3.11 (torch ships tests written for 3.12),
-# so failures there are ignored, as pip ignores them; in the project, none is.
+# so failures there are ignored, as pip ignores them; in the project, none is. Left out: the
+# packages' own test suites, pip and setuptools (about 2,800 of 9,700 files, nothing our tests
+# import; compiled on import if they ever are): 15.5 s -> 11.6 s measured here.
 site_packages=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-.venv/bin/python -m compileall -q -j 0 "$site_packages" > /dev/null 2>&1 || true
+.venv/bin/python -m compileall -q -j 0 -x '/site-packages/((pip|setuptools)/|.*/tests/)' "$site_packages" \
+    > /dev/null 2>&1 || true
 .venv/bin/python -m compileall -q -j 0 commlib ddp autograd_bridge tests mpi_examples scripts > /dev/null
