@@ -37,9 +37,9 @@ from commlib.errors import CommError, CommTimeoutError, GroupAbortedError, Inval
 from commlib.execution.work import Work
 from commlib.group.validation import array_kind, check_buffer, check_peer, check_tag, check_timeout
 from commlib.platform.backoff import next_sleep
+from commlib.platform.machine import polls_per_yield
 from commlib.platform.timer_slack import fine_timer_slack
-from commlib.platform.waiting import (GIVE_UP_CHECK_SECONDS, MAX_SLEEP_SECONDS, SLEEP_AFTER_SECONDS, polls_per_yield,
-                                      wait_all)
+from commlib.platform.waiting import GIVE_UP_CHECK_SECONDS, MAX_SLEEP_SECONDS, SLEEP_AFTER_SECONDS, wait_all
 from commlib.reliability.teardown import release_later
 from commlib.transports.mpi.transport import as_bytes
 from commlib.units import format_bytes

@@ -21,10 +21,10 @@ import time
 from mpi4py import MPI
 
 from commlib.platform.backoff import next_sleep
-from commlib.platform.machine import POLLS_PER_YIELD, polls_per_yield
+from commlib.platform.machine import polls_per_yield
 from commlib.platform.timer_slack import FineSleeper
 
-__all__ = ["wait_all", "polls_per_yield", "POLLS_PER_YIELD", "SLEEP_AFTER_SECONDS"]
+__all__ = ["wait_all", "SLEEP_AFTER_SECONDS"]
 
 SLEEP_AFTER_SECONDS = 5e-3
 MAX_SLEEP_SECONDS = 5e-4

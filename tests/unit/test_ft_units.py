@@ -465,11 +465,8 @@ class _Bucket:
     """What manager_comm_hook reads of torch's GradBucket (torch builds real ones only inside a
     DDP backward, which cannot be interrupted and go on: its reducer is unusable after)."""
 
-    def __init__(self, index, last, params):
-        self._index, self._last, self._params = index, last, params
-        import torch
-
-        self._buffer = torch.cat([p.detach().reshape(-1) * (index + 1) for p in params])
+    def __init__(self, index, last, params, buffer):
+        self._index, self._last, self._params, self._buffer = index, last, params, buffer
 
     def buffer(self):
         return self._buffer
@@ -499,9 +496,13 @@ def test_the_torch_ddp_hook_drops_what_an_interrupted_backward_left(coordinator)
             module = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
             params = list(module.parameters())
             state = ManagerHookState(manager, module)
+
+            def bucket(index, last, held):  # a buffer of the bucket's parameters, scaled to tell them apart
+                return _Bucket(index, last, held, torch.cat([p.detach().reshape(-1) * (index + 1) for p in held]))
+
             manager.start_step()
-            stale = manager_comm_hook(state, _Bucket(0, False, params[2:]))  # ... and backward stopped there
-            first, last = _Bucket(0, False, params[2:]), _Bucket(1, True, params[:2])
+            stale = manager_comm_hook(state, bucket(0, False, params[2:]))  # ... and backward stopped there
+            first, last = bucket(0, False, params[2:]), bucket(1, True, params[:2])
             expected = [first.buffer().clone(), last.buffer().clone()]
             futures = [manager_comm_hook(state, first), manager_comm_hook(state, last)]
             assert all(future.done() for future in futures) and not stale.done()

@@ -179,7 +179,7 @@ class ProgressEngine:
         deadline = self.context.deadline
         poll, by_fd = self.epoll.poll, self.by_fd
         monotonic, sched_yield = time.monotonic, os.sched_yield
-        spin_until = monotonic() + SPIN_SECONDS if pending.remaining else 0.0
+        spin_until = monotonic() + SPIN_SECONDS
         polls, per_yield = 0, polls_per_yield()
         while pending.remaining:
             if self.interrupted is not None:
