@@ -74,7 +74,9 @@ def test_the_link_probe_gives_every_member_the_same_matrix_of_real_rates(world, 
     rates = matrices[0]
     off = ~np.eye(size, dtype=bool)
     assert rates.shape == (size, size) and (np.diag(rates) == 0).all()
-    # Loopback: far above the 10 Mbit/s of a slow host, far below what a payload already in the
-    # socket buffers would time as (the receiver paces the sender).
-    assert (rates[off] > 5e6).all() and (rates[off] < 1e11).all(), rates
-    assert slowest_member(rates, SlowReplicas(below=5e6)) is None
+    # Measured, not made up: above 100 kB/s (loopback moves GB/s, but on a loaded 2-core machine
+    # a rank that waits for a core makes a 64 KiB probe time as 3-10 MB/s: seen with four pytest
+    # workers), far below what a payload already in the socket buffers would time as (the
+    # receiver paces the sender). However slow the machine, no member stands out from the others.
+    assert (rates[off] > 1e5).all() and (rates[off] < 1e11).all(), rates
+    assert slowest_member(rates, SlowReplicas(below=5e6)) is None, rates

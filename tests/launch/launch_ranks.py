@@ -1,7 +1,8 @@
-"""torchrun --nproc-per-node P tests/launch/launch_ranks.py MODE     (the repo root on PYTHONPATH)
+"""torchrun --nproc-per-node P tests/launch/launch_ranks.py MODE[,MODE...]     (the repo root on PYTHONPATH)
 
 A rank of a job launched without MPI (torchrun, or tests/support/launch.py's run_ranks: torch's
-variables, no MPI launcher). MODE:
+variables, no MPI launcher). Modes separated by commas run one after the other in the same
+processes (each starts and ends its own groups). MODE:
 
 * ``collectives``: every collective with every registered algorithm (and ``auto``), dtypes and odd
   sizes, against closed forms; async; a sub-group; symmetric buffers; a bad call raises before
@@ -471,4 +472,5 @@ if __name__ == "__main__":
     if os.environ.get("COMMLIB_TEST_DUMP_AFTER"):
         # A hang prints every thread's stack before the test kills us (tests/support/launch.py).
         faulthandler.dump_traceback_later(float(os.environ["COMMLIB_TEST_DUMP_AFTER"]), exit=False)
-    MODES[sys.argv[1]]()
+    for mode in sys.argv[1].split(","):  # "p2p,p2p_torch": one after the other, one start of the ranks
+        MODES[mode]()

@@ -91,6 +91,10 @@ def test_bad_input_raises_before_sending_and_peers_time_out(nprocs):
 
 
 @pytest.mark.mpi
-def test_soak_memory_threads_and_latency_stay_flat():
-    result = run_mpi("reliability_soak_ranks.py", 2, "10000", "200", "64", timeout=240)
+@pytest.mark.parametrize("small_calls,big_calls,timeout", [
+    (10_000, 50, 240),  # the default run's sample: a leak of 400 kB per 64 MiB call shows
+    pytest.param(100_000, 1000, 1800, marks=pytest.mark.soak),  # -m soak: 20 kB per call
+], ids=["sample", "soak"])
+def test_soak_memory_threads_and_latency_stay_flat(small_calls, big_calls, timeout):
+    result = run_mpi("reliability_soak_ranks.py", 2, str(small_calls), str(big_calls), "64", timeout=timeout)
     assert "OK:" in result.stdout

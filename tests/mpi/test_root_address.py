@@ -5,14 +5,16 @@ import socket
 
 import pytest
 
-from tests.support.mpirun import run_mpi
+from tests.support.mpirun import Job, Part
 
 
 @pytest.mark.mpi
 def test_rendezvous_store_on_one_host_and_with_master_addr_and_port():
     pytest.importorskip("torch")
-    run_mpi("root_address_ranks.py", 2, timeout=90)
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    run_mpi("root_address_ranks.py", 2, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, timeout=90)
+    master = ("127.0.0.1", str(port))
+    job = Job(Part("root_address_ranks.py"), Part("root_address_ranks.py", *master), timeout=120)  # one torch start
+    job.check(2, "root_address_ranks.py")
+    job.check(2, "root_address_ranks.py", *master)

@@ -55,10 +55,11 @@ def test_clean_programs_exit_0(cluster, mode):
 
 
 def test_torch_rendezvous_finds_rank_0_without_dns_or_at_master_addr(cluster):
-    run_on_cluster(cluster, "root_address_ranks.py", 4, 2, timeout=90)
-    # The port is free: nothing else runs in this cluster's namespaces.
-    master = {"MASTER_ADDR": cluster.addresses[0], "MASTER_PORT": "29517"}
-    run_on_cluster(cluster, "root_address_ranks.py", 4, 2, env=master, timeout=90)
+    # The port is free: nothing else runs in this cluster's namespaces. One job, one torch start.
+    master = (cluster.addresses[0], "29517")
+    job = cluster_job(cluster, Part("root_address_ranks.py"), Part("root_address_ranks.py", *master), timeout=120)
+    job.check((4, 2), "root_address_ranks.py")
+    job.check((4, 2), "root_address_ranks.py", *master)
 
 
 def test_a_rank_exiting_on_the_other_host_ends_the_job_with_an_error(cluster):
@@ -112,7 +113,8 @@ def training(cluster):
                        Part("ddp_equivalence_ranks.py", *MODELS_AT_FOUR, sizes=[LAYOUTS["2x2"]]),
                        Part("torch_ddp_ranks.py"),
                        Part("efficient_dp_local_sgd_ranks.py", sizes=[LAYOUTS["2x2"]]),
-                       Part("efficient_dp_join_ranks.py", sizes=[LAYOUTS["2x2"]]), timeout=600)
+                       Part("efficient_dp_join_ranks.py", sizes=[LAYOUTS["2x2"]]),
+                       Part("low_communication_ranks.py", "hierarchical", sizes=[LAYOUTS["2x2"]]), timeout=600)
 
 
 def test_ddp_equivalence(training, layout):
@@ -129,13 +131,22 @@ def test_local_sgd_and_join_on_two_hosts(training):
     training.check(LAYOUTS["2x2"], "efficient_dp_join_ranks.py")
 
 
+def test_low_communication_methods_across_hosts_with_the_hierarchical_allreduce(training):
+    """DiLoCo, Streaming DiLoCo and DES-LOC, 2 ranks on each host: every exactness check of
+    tests/mpi/low_communication_ranks.py, with the methods' allreduces forced to the
+    hierarchical schedule, which ``auto`` picks there for large models."""
+    out = training.check(LAYOUTS["2x2"], "low_communication_ranks.py", "hierarchical")
+    assert "on 4 ranks" in out, out[-3000:]
+
+
 def test_train_digits(cluster):
     out = run_on_cluster(cluster, ROOT / "mpi_examples" / "train_digits.py", 2, 1, "--no-progress",
-                         timeout=240).stdout
+                         "--epochs", "3", timeout=240).stdout
     accuracy = re.search(r"2 ranks, \d+ steps: test accuracy [\d.]+% \(([\d.e-]+)\)", out)
     assert accuracy, out
-    # Its usual accuracy on one host (97.8%): the same training, the hosts are just farther apart.
-    assert float(accuracy.group(1)) > 0.95, out
+    # Its accuracy after 3 epochs on one host is 94.2% (97.8% after the default 10): the same
+    # training, the hosts are just farther apart.
+    assert float(accuracy.group(1)) > 0.9, out
 
 
 def test_bench_says_which_ranks_share_a_host(cluster):
