@@ -2,10 +2,12 @@
 
 Soak: many small allreduces (sync and async) and many large ones in one process. Resident
 memory may not grow by 20 MB or more past warm-up, the communication thread count and the
-in-flight count return to their baseline, and the median latency of the last 1,000 small calls
-stays within 1.5x of the first 1,000 (no slow leak in the hot path). A leak slows every later
-block; a burst of load from elsewhere on a shared 2-core machine slows one: so a last block over
-the bound is measured again (at most twice more) before it counts as a slowdown.
+in-flight count return to their baseline, and the fast end of the latency of the last 1,000 small
+calls (their 10th percentile) stays within 1.5x of the first 1,000's (no slow leak in the hot
+path). A leak slows every call, the fastest ones too; load from elsewhere on a shared 2-core
+machine slows the calls during which a rank waited for a core (the median of a block went from
+1.8 to 35 us so, with pytest's workers busy beside it), not the ones both ranks ran through. A
+last block over the bound is measured again (at most five times more) before it counts.
 """
 
 import sys
@@ -65,7 +67,10 @@ def main():
     pg.barrier()
 
     grown = rss_mb() - base_rss
-    first, last = np.median(latencies[:1000]) * 1e6, np.median(latencies[-1000:]) * 1e6
+    def fast_end(block) -> float:
+        return float(np.percentile(block, 10)) * 1e6
+
+    first, last = fast_end(latencies[:1000]), fast_end(latencies[-1000:])
     for _ in range(5):
         # Every rank takes the same branch (the verdict is the slowest rank's), so the extra
         # blocks' collectives match. A growth that stays is a leak; one that goes within a few
@@ -74,13 +79,14 @@ def main():
         if slowest <= 1.5:
             break
         time.sleep(0.2)
-        last = np.median(small_block(1000)) * 1e6
+        last = fast_end(small_block(1000))
     print(f"rank {pg.rank}: rss +{grown:.1f} MB; threads {base_threads}->{threading.active_count()}; "
-          f"pending {pg.executor.pending()}; small median first {first:.1f} us, last {last:.1f} us", flush=True)
+          f"pending {pg.executor.pending()}; small calls' 10th percentile first {first:.1f} us, last {last:.1f} us",
+          flush=True)
     check.check(grown < 20, f"resident memory grew by {grown:.1f} MB (limit 20)")
     check.check(threading.active_count() == base_threads, "thread count back to baseline")
     check.check(pg.executor.pending() == base_pending == 0, "no collective left in flight")
-    check.check(last <= 1.5 * first, f"last 1000 small calls median {last:.1f} us vs first {first:.1f} us")
+    check.check(last <= 1.5 * first, f"last 1000 small calls' 10th percentile {last:.1f} us vs first {first:.1f} us")
     check.finish()
 
 

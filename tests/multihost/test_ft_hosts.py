@@ -155,9 +155,10 @@ def test_a_host_whose_link_turns_slow_is_excluded_and_rejoins_once_it_is_fast_ag
     assert processes_on_hosts(cluster) == {}, "processes left behind on the hosts"
 
 
-# The digits job: a few epochs of the data (96 samples a step, 1437 to train on); while h1 is
-# away, a two-member step's allreduce (about 600 KB) takes about half a second at the rate.
-DIGITS_STEPS, DIGITS_SLOW_RATE = 150, "10mbit"
+# The digits job: 20 passes over the data (96 samples a step, 1437 to train on; at 150 steps the
+# accuracy still moved by more than a point with the member sets); while h1 is away, a
+# two-member step's allreduce (about 600 KB) takes about half a second at the rate.
+DIGITS_STEPS, DIGITS_SLOW_RATE = 300, "10mbit"
 
 
 class DigitsJob(Run):

@@ -25,7 +25,8 @@ from commlib.errors import CommError, GroupAbortedError
 from commlib.transports.socket.mesh import connect_mesh, group_id
 from commlib.transports.socket.p2p_framing import GOODBYE, P2PCodec
 from commlib.transports.socket.p2p_link import Chunk, LinkBroken, P2PLink
-from commlib.transports.socket.p2p_matching import EAGER_BYTES, MAX_HELD_BYTES, MAX_HELD_MESSAGES, Matcher, P2POp
+from commlib.transports.socket.p2p_matching import (ANY_SOURCE, EAGER_BYTES, MAX_HELD_BYTES, MAX_HELD_MESSAGES,
+                                                      Matcher, P2POp)
 
 __all__ = ["P2PEngine", "open_p2p_engine"]
 
@@ -70,11 +71,21 @@ class P2PEngine(Matcher):
             if op.kind == "send":
                 self._post_send(op)
             else:
+                self._read_arrived(op.peer)
                 self._post_recv(op)
             if op.state != "done":
                 os.eventfd_write(self.wake_fd, 1)  # a deadline the thread does not know yet
         self._flush()
         return op
+
+    def _read_arrived(self, peer: int) -> None:
+        """Read what the peers a receive may match (``peer`` or any) have sent already, before it
+        matches: the engine's thread may not have run since it arrived (a loaded machine), and a
+        CANCEL there withdraws an announcement held here. A send that gave up (and said so to its
+        caller) is then never matched by a receive posted after it, whatever the scheduling."""
+        for link in self.links:
+            if link is not None and link.ended is None and not link.parked and peer in (ANY_SOURCE, link.peer):
+                self._serve(link, _IN)
 
     # -- frames out --------------------------------------------------------------------------
     def _control(self, link: P2PLink, kind: int, message: int, offset: int = 0) -> None:
