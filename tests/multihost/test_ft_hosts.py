@@ -157,7 +157,8 @@ def test_a_host_whose_link_turns_slow_is_excluded_and_rejoins_once_it_is_fast_ag
 
 # The digits job: 20 passes over the data (96 samples a step, 1437 to train on; at 150 steps the
 # accuracy still moved by more than a point with the member sets); while h1 is away, a
-# two-member step's allreduce (about 600 KB) takes about half a second at the rate.
+# two-member step's allreduce (about 600 KB) takes half a second at the rate, about a second with
+# the reference job's traffic on the same link (measured: 6-8 such steps in the 8 s h1 was away).
 DIGITS_STEPS, DIGITS_SLOW_RATE = 300, "10mbit"
 
 
@@ -207,7 +208,7 @@ def test_the_digits_example_loses_a_host_and_takes_it_back_with_the_same_accurac
     point: the data order follows the member sets), and every replica ends with the same
     parameters. h1's return takes seconds (a new Python, torch, the data), more on a loaded
     machine: meanwhile h2's link is held at DIGITS_SLOW_RATE, so h0 and h2 train on without it
-    at a few steps a second, sleeping, and do not finish first; the limit is lifted when h1
+    at about a step a second, sleeping, and do not finish first; the limit is lifted when h1
     asks to join. (Each job's step results do not depend on when its steps ran.)"""
     steps = DIGITS_STEPS
     jobs = {}
