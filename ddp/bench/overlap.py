@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import socket
 import statistics
 import sys
 from typing import Dict, List, Optional
@@ -114,16 +113,22 @@ def interleaved_steps(factories, x, y, steps: int, warmup: int, samples, hidden_
 
 
 def init_torch_gloo(comm):
+    """torch's default group over gloo for the comparison rows. Rank 0's store listens on a port
+    the kernel picks (0) and tells the others: a port probed free and then closed could be taken
+    by another process before the store binds it (seen once, EADDRINUSE, with other jobs around)."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    port = None
-    if comm.Get_rank() == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
-                            world_size=comm.Get_size())
+    rank, size = comm.Get_rank(), comm.Get_size()
+    store = None
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=timedelta(seconds=120),
+                              wait_for_workers=False)
+    port = comm.bcast(store.port if store is not None else None, root=0)
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
     return dist
 
 
