@@ -38,6 +38,7 @@ import copy
 import dataclasses
 import statistics
 import sys
+from datetime import timedelta
 from typing import Dict, List, Optional
 
 import torch
@@ -113,22 +114,15 @@ def interleaved_steps(factories, x, y, steps: int, warmup: int, samples, hidden_
 
 
 def init_torch_gloo(comm):
-    """torch's default group over gloo for the comparison rows. Rank 0's store listens on a port
-    the kernel picks (0) and tells the others: a port probed free and then closed could be taken
-    by another process before the store binds it (seen once, EADDRINUSE, with other jobs around)."""
-    from datetime import timedelta
-
+    """torch's default group over gloo for the comparison rows, through the backend's store on
+    rank 0 (its port picked by the kernel and broadcast over ``comm``: no probed port that
+    another process could take before the store binds it)."""
     import torch.distributed as dist
 
-    rank, size = comm.Get_rank(), comm.Get_size()
-    store = None
-    if rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=timedelta(seconds=120),
-                              wait_for_workers=False)
-    port = comm.bcast(store.port if store is not None else None, root=0)
-    if store is None:
-        store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+    from autograd_bridge.backend.rendezvous import rendezvous_store
+
+    store = rendezvous_store(comm, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=comm.Get_rank(), world_size=comm.Get_size())
     return dist
 
 
