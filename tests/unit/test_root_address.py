@@ -11,6 +11,7 @@ from commlib.platform.addresses import interface_addresses, reaching_addresses, 
 from commlib.rendezvous.handshake import CHALLENGE_BYTES
 from commlib.rendezvous.root_probe import ProbeListener, first_reachable
 from commlib.rendezvous.secret import secret_from_text
+from tests.support.launch import free_port
 
 SECRET = secret_from_text("the probe tests' job secret", "tests")
 OTHER = secret_from_text("another job's secret entirely", "tests")
@@ -33,9 +34,7 @@ def test_the_first_probe_proving_the_secret_wins_and_failures_are_named():
     probe = ProbeListener(SECRET, ["127.0.0.2", "127.0.0.1"], 2.0)
     other_job = ProbeListener(OTHER, ["127.0.0.1"], 2.0, token=probe.token)
     impostor = socket.create_server(("127.0.0.1", 0))  # listening, but never says a word
-    refused = socket.create_server(("127.0.0.1", 0))
-    refused_port = refused.getsockname()[1]
-    refused.close()
+    refused_port = free_port()  # below the ephemeral range: no listener the kernel places takes it
     try:
         assert [address for address, _ in probe.endpoints] == ["127.0.0.2", "127.0.0.1"]  # each, not every interface
         chosen, attempts = first_reachable(probe.endpoints, probe.token, SECRET, 2.0)

@@ -13,6 +13,7 @@ import pytest
 from commlib import CommError, CommTimeoutError, InvalidUsageError
 from commlib.rendezvous import FileStore, TCPStore, TCPStoreServer, TorchStore
 from commlib.rendezvous.secret import secret_from_text
+from tests.support.launch import free_port
 
 SECRET = secret_from_text("the secret of the store tests", "test")
 KINDS = ["tcp", "file", "torch_tcp", "torch_file"]
@@ -163,23 +164,13 @@ def test_tcp_store_full_is_an_error_not_growth():
 
 
 def test_a_client_that_finds_no_server_says_where_it_looked():
-    import socket
-
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_port()  # below the ephemeral range: no other test's outgoing connection takes it
     with pytest.raises(CommTimeoutError, match=f"127.0.0.1:{port}.*MASTER_ADDR"):
         TCPStore("127.0.0.1", port, SECRET, timeout=0.5)
 
 
 def test_a_client_connects_to_a_server_started_after_it():
-    import socket
-
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_port()  # below the ephemeral range: no other test's outgoing connection takes it
     servers = []
     threading.Timer(0.3, lambda: servers.append(TCPStoreServer("127.0.0.1", port, SECRET).start())).start()
     store = TCPStore("127.0.0.1", port, SECRET, timeout=10)
