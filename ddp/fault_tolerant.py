@@ -58,12 +58,18 @@ class TorchCodec:
         return torch.load(io.BytesIO(data), weights_only=True)
 
 
-def register_model(manager, module: torch.nn.Module) -> None:
+def register_model(manager, module: torch.nn.Module) -> str:
     """``module``'s state (parameters and buffers) goes to a joiner with the manager's catch-up,
-    encoded by :class:`TorchCodec` unless the manager has a codec already."""
+    encoded by :class:`TorchCodec` unless the manager has a codec already. The name it is
+    registered under: ``"model"`` for the first, then ``"model.1"``, ``"model.2"``, ... (several
+    models on one manager, e.g. a generator and a discriminator: every replica runs the same
+    program, so the n-th model has the same name on the source and the joiner)."""
     if manager.codec is None:
         manager.codec = TorchCodec()
-    manager.register_state("model", module.state_dict, module.load_state_dict)
+    taken = sum(1 for name in manager.states if name == "model" or name.startswith("model."))
+    name = "model" if not taken else f"model.{taken}"
+    manager.register_state(name, module.state_dict, module.load_state_dict)
+    return name
 
 
 def flatten_gradients(params: List[torch.nn.Parameter]) -> torch.Tensor:

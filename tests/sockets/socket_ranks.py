@@ -11,8 +11,11 @@ import numpy as np
 
 from commlib import ReduceOp
 from commlib.algorithms.registry import get_algorithm
+from commlib.ops import DTYPE_IS_FLOAT
 from commlib.topology import Topology
+from commlib.transports.socket.fast_path import make_inline_native
 from tests.sockets.cases import cases
+from tests.support.socket_world import process_group
 
 
 def _begin(state, collective, algorithm="", nbytes=0, timeout=60.0):
@@ -176,3 +179,53 @@ def algorithms_over(state, names):
             if not np.array_equal(buf, expected):
                 problems.append(f"{name} n={count}: index {np.flatnonzero(buf != expected)[0]}")
     return problems or None
+
+
+def group_small_allreduces(state):
+    """The group's small allreduce (``native``) for every dtype and op at a few sizes, checked
+    exactly; each case with rank 0 on the general path (``async_op``) while the others take the
+    fast path (the two must send the same frames), then on it everywhere. (problems, calls the
+    fast path ran, calls it should have run)."""
+    group = process_group(state, "small")
+    fast_possible = make_inline_native(state.transport, "allreduce", 1.0) is not None
+    ops = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.PROD: np.multiply}
+    problems, ran, due = [], 0, 0
+    for dtype in DTYPE_IS_FLOAT:
+        for op, ufunc in ops.items():
+            for count in (1, 3, 1000, 20000):  # 20000: above one frame of the fast path at every dtype
+                def values(rank, count=count, op=op):
+                    index = np.arange(count)
+                    return ((index + rank) % 2 + 1 if op is ReduceOp.PROD else index % 7 + rank).astype(dtype)
+
+                expected = values(0)
+                for rank in range(1, state.size):
+                    expected = ufunc(expected, values(rank))
+                for call in ("rank 0 async", "all fast"):
+                    buf = values(state.rank)
+                    if call == "rank 0 async" and state.rank == 0:
+                        group.allreduce(buf, op, algorithm="native", async_op=True).wait()
+                        while group.executor.pending():  # its thread's bookkeeping, just after the
+                            time.sleep(1e-4)            # wait returned: the next call would find it busy
+                    else:
+                        before = group.executor.inline_runs
+                        group.allreduce(buf, op, algorithm="native")
+                        ran += group.executor.inline_runs - before
+                        due += fast_possible and buf.nbytes <= 64 << 10
+                    if buf.tobytes() != expected.tobytes():
+                        problems.append(f"{dtype} {op.name} n={count} {call}: "
+                                        f"{buf[:4].tolist()} != {expected[:4].tolist()}")
+    return problems[:3] or None, ran, due
+
+
+def group_allreduce_loop(state, seconds):
+    """The group's 16-byte allreduce until an error or ``seconds``: (error type, text, when)."""
+    group = process_group(state, "loop")
+    buf = np.ones(2, np.float64)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            group.allreduce(buf, algorithm="native")
+        except Exception as error:  # noqa: BLE001 - the test looks at it
+            return type(error).__name__, str(error), time.monotonic()
+        buf[...] = 1
+    return None

@@ -54,3 +54,15 @@ def test_messages_larger_than_a_frame_go_in_pieces():
     with SocketWorld(3, setup=RankSetup(options=options)) as world:
         assert all(outcome[0] == "ok" for outcome in world.started), world.started
         assert world.run("tests.sockets.socket_ranks:algorithms_over", ["native", "ring", "tree"]) == [None] * 3
+
+
+@pytest.mark.timeout(300)
+def test_the_groups_small_allreduce_is_exact_on_and_off_its_fast_path(world):
+    """At 2 and 4 ranks the group's small allreduce runs straight on the sockets
+    (commlib/transports/socket/fast_path.py); with rank 0 on the general path meanwhile the
+    results are the same; at 3 ranks (folded recursive doubling) every call takes the general path."""
+    outcomes = world.run("tests.sockets.socket_ranks:group_small_allreduces", timeout=250)
+    assert [problems for problems, _, _ in outcomes] == [None] * world.size, outcomes
+    for rank, (_, ran, due) in enumerate(outcomes):
+        assert ran == due, f"rank {rank}: the fast path ran {ran} calls of {due}"
+        assert (due > 0) == (world.size in (2, 4)), (rank, due)

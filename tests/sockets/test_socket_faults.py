@@ -15,12 +15,14 @@ RANKS = "tests.sockets.socket_ranks"
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("size,victim", [(2, 1), (3, 1), (4, 3)])
-def test_a_killed_rank_is_named_on_every_survivor_within_a_second(size, victim):
+@pytest.mark.parametrize("size,victim,loop", [(2, 1, "allreduce_loop"), (3, 1, "allreduce_loop"),
+                                             (4, 3, "allreduce_loop"), (2, 0, "group_allreduce_loop")],
+                         ids=["p2", "p3", "p4", "p2-fast-path"])
+def test_a_killed_rank_is_named_on_every_survivor_within_a_second(size, victim, loop):
     with SocketWorld(size) as world:
         assert all(outcome[0] == "ok" for outcome in world.started), world.started
         for rank in world.spawned:
-            world.channels[rank].send((f"{RANKS}:allreduce_loop", (90.0,)))
+            world.channels[rank].send((f"{RANKS}:{loop}", (90.0,)))
         time.sleep(1.0)  # the ranks are deep in their allreduces
         killed = time.monotonic()
         world.kill_rank(victim)

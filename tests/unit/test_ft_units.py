@@ -539,3 +539,37 @@ def test_the_torch_ddp_hook_refuses_to_open_a_step_inside_backward(coordinator):
         finally:
             manager.close()
             replicas.close()
+
+
+def test_two_models_on_one_manager_are_registered_apart_and_both_averaged(coordinator):
+    """Two models on one manager (a generator and a discriminator, say): each is registered for
+    catch-up under its own name, in the order the program makes them, and each model's gradients
+    are averaged in the step (one replica: the mean is its own, and the step commits)."""
+    torch = pytest.importorskip("torch")
+    from commlib.ft import Manager
+    from ddp import FaultTolerantDDP, fault_tolerant_torch_ddp
+
+    coord, replicas = coordinator(heartbeat_timeout=100.0, initial_replicas=1, min_replicas=1, join_window=0.05)
+    with deciding(coord):
+        manager = Manager(f"127.0.0.1:{coord.port}", replica_id="only", join_timeout=60.0)
+        try:
+            torch.manual_seed(0)
+            nets = [torch.nn.Linear(4, 3), torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)]
+            models = [fault_tolerant_torch_ddp(nets[0], manager), fault_tolerant_torch_ddp(nets[1], manager),
+                      FaultTolerantDDP(nets[2], manager)]
+            assert [name for name in manager.states if name.startswith("model")] == ["model", "model.1", "model.2"]
+            for name, net in zip(("model", "model.1", "model.2"), nets):
+                save, _ = manager.states[name]
+                assert save().keys() == net.state_dict().keys()
+                assert all(torch.equal(save()[key], value) for key, value in net.state_dict().items())
+            opt = manager.optimizer(torch.optim.SGD([p for net in nets for p in net.parameters()], lr=0.1))
+            before = [p.detach().clone() for net in nets for p in net.parameters()]
+            opt.zero_grad()
+            models[2](models[1](models[0](torch.randn(5, 4)))).square().sum().backward()
+            grads = [p.grad.clone() for net in nets for p in net.parameters()]
+            assert opt.step() is not False and manager.steps == 1
+            after = [p.detach() for net in nets for p in net.parameters()]
+            assert all(torch.allclose(b - 0.1 * g, a) for b, g, a in zip(before, grads, after))
+        finally:
+            manager.close()
+            replicas.close()

@@ -68,6 +68,20 @@ class Incoming:
         self.pending = pending
 
 
+def _advance(message: Outgoing, sent: int) -> None:
+    """``sent`` more bytes of ``message``'s current frame were written: drop them from its pieces."""
+    message.frame_sent += sent
+    pieces = message.pieces
+    while sent:
+        first = pieces[0]
+        if sent >= len(first):
+            sent -= len(first)
+            del pieces[0]
+        else:
+            pieces[0] = first[sent:]
+            sent = 0
+
+
 class Departure(NamedTuple):
     """How a peer's side of the connection ended: ``kind`` is "goodbye" (after collective
     ``last_seq``), "exited" (closed at a frame boundary), "cut" (closed mid-frame), "reset", or
@@ -187,16 +201,63 @@ class Connection:
             except OSError:
                 self.reset = self.eof = True
                 raise PeerGone(self, self._ended()) from None
-            message.frame_sent += sent
-            pieces = message.pieces
-            while sent:
-                first = pieces[0]
-                if sent >= len(first):
-                    sent -= len(first)
-                    del pieces[0]
-                else:
-                    pieces[0] = first[sent:]
-                    sent = 0
+            _advance(message, sent)
+
+    def resume_send(self, message: Outgoing, sent: int) -> None:
+        """Queue ``message`` (a one-frame message, the queue empty) of which ``sent`` bytes of its
+        frame, header first, went out already (see :meth:`send_frame_now`), and write on."""
+        self._start_frame(message)
+        _advance(message, sent)
+        self.queue_send(message)
+
+    # -- the fast path's direct exchange (commlib/transports/socket/fast_path.py) -------------
+    def quiet(self) -> bool:
+        """Nothing queued, buffered or half read (a parked header aside: see
+        :meth:`read_parked_frame_now`), and the peer still there: a frame may go to and come from
+        the socket directly, the state machines left as they are."""
+        return not (self.send_queue or self.recv_queue or self.frame_left or self.control is not None
+                    or self.pre_pos < self.pre_end or self.eof or self.tls or self.departure is not None
+                    or (self.header_have and not self.parked))
+
+    def send_frame_now(self, header: bytes, view: memoryview) -> int:
+        """Write one frame (``header`` then ``view``) as far as the socket takes it now, on a
+        :meth:`quiet` connection: the bytes written (0 if none; the queue then finishes it,
+        :meth:`resume_send`, and meets any error of the socket itself)."""
+        try:
+            return self.sock.sendmsg((header, view))
+        except OSError:  # would block, or the peer is gone: the engine's path finds out which
+            return 0
+
+    def read_frame_now(self, expected: bytes, payload: int) -> int:
+        """On a :meth:`quiet` connection, read at most one frame of ``payload`` bytes (at most
+        ``prefetch_limit``) into the bounce buffer: 1 when it is all there with the header
+        ``expected`` (the payload at ``bounce[header_bytes:]``), 0 when nothing has arrived, -1
+        when something else did (part of a frame, another frame, the end): it is kept as
+        buffered bytes, where the receive queue reads first."""
+        count = self._prefetch(payload)
+        if count < 0:
+            return 0
+        if count == self.header_bytes + payload and self.bounce_view[:self.header_bytes] == expected:
+            self.pre_pos = self.pre_end = 0
+            return 1
+        return -1
+
+    def read_parked_frame_now(self, expected: bytes, payload: int) -> int:
+        """A header is parked (the engine read ahead, see the module docstring): when it is
+        ``expected``, read its ``payload`` bytes now, into the bounce buffer behind a copy of the
+        header. 1 when they are all there; else -1: a header not expected stays parked, and a
+        payload not all there yet is kept, with the header, as buffered bytes (nothing read is
+        lost: the receive queue reads those first). The caller updates the epoll interest."""
+        if self.header != expected:
+            return -1
+        header_bytes = self.header_bytes
+        self.header_have, self.parked = 0, False
+        self.bounce_view[:header_bytes] = self.header_view
+        count = self._read(self.bounce_view[header_bytes:header_bytes + payload])
+        if count == payload:
+            return 1
+        self.pre, self.pre_pos, self.pre_end = self.bounce_view, 0, header_bytes + max(count, 0)
+        return -1
 
     def at_frame_boundary(self) -> bool:
         """No frame is half written: a control frame may go next."""

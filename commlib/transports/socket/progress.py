@@ -140,14 +140,14 @@ class ProgressEngine:
             pending.messages.append(message)
             if connection.parked:
                 connection.parked = False
-                self._update_interest(connection)
+                self.update_interest(connection)
         try:
             for connection, view in planned_sends:
                 outgoing = Outgoing(view, connection.peer, seq, connection.next_send_step(seq), label, pending)
                 pending.messages.append(outgoing)
                 connection.queue_send(outgoing)
                 if connection.send_queue:
-                    self._update_interest(connection)
+                    self.update_interest(connection)
         except (PeerGone, BadFrame) as error:
             self._fail(error)
         return pending
@@ -157,6 +157,34 @@ class ProgressEngine:
         self.check_usable()
         try:
             self._progress(pending)
+        except (PeerGone, BadFrame) as error:
+            self._fail(error)
+
+    def resume_exchange(self, connection: Connection, send: Optional[memoryview], sent: int, recv: Optional[memoryview],
+                        seq: int, send_step: int, recv_step: int, label: str) -> None:
+        """Finish, as a posted exchange would, one that the fast path began with ``connection``'s
+        peer (its message numbers ``send_step``/``recv_step`` of collective ``seq`` taken): the
+        rest of the one-frame send ``send`` (``sent`` bytes of its frame written; None: it went
+        out) and the receive into ``recv`` (None: it arrived). The context must have begun."""
+        self.check_usable()
+        if self.interrupted is not None:
+            self._fail(self.interrupted)
+        pending = SocketPending(self)
+        try:
+            if recv is not None:
+                incoming = Incoming(recv, connection.peer, seq, recv_step, label, pending)
+                pending.remaining += 1
+                pending.messages.append(incoming)
+                connection.recv_queue.append(incoming)
+                connection.parked = False  # a parked header is read on as a posted receive's
+            if send is not None:
+                outgoing = Outgoing(send, connection.peer, seq, send_step, label, pending)
+                pending.remaining += 1
+                pending.messages.append(outgoing)
+                connection.resume_send(outgoing, sent)
+            self.update_interest(connection)
+            if pending.remaining:
+                self._progress(pending)
         except (PeerGone, BadFrame) as error:
             self._fail(error)
 
@@ -175,7 +203,7 @@ class ProgressEngine:
                 connection = self.connections[message.peer]
                 assert connection is not None
                 connection.pump_recv()
-                self._update_interest(connection)
+                self.update_interest(connection)
         deadline = self.context.deadline
         poll, by_fd = self.epoll.poll, self.by_fd
         monotonic, sched_yield = time.monotonic, os.sched_yield
@@ -213,7 +241,7 @@ class ProgressEngine:
                     connection.pump_recv()
                 if events & _OUT:
                     connection.pump_send()
-                self._update_interest(connection)
+                self.update_interest(connection)
 
     def _pump_tls_buffers(self) -> bool:
         """Read what TLS decrypted already for posted receives; whether there was any."""
@@ -223,10 +251,12 @@ class ProgressEngine:
             if connection.recv_queue and not connection.eof and isinstance(sock, ssl.SSLSocket) and sock.pending():
                 found = True
                 connection.pump_recv()
-                self._update_interest(connection)
+                self.update_interest(connection)
         return found
 
-    def _update_interest(self, connection: Connection) -> None:
+    def update_interest(self, connection: Connection) -> None:
+        """Watch ``connection`` for what its state needs now (input unless a frame is parked,
+        output while a send is stuck); after the fast path read a parked frame, too."""
         if connection.fd not in self.by_fd:
             return
         interest = select.EPOLLRDHUP | (0 if connection.parked else _IN) | (_OUT if connection.send_queue else 0)

@@ -26,6 +26,7 @@ from commlib.rendezvous.secret import JobSecret
 from commlib.topology import Topology
 from commlib.transports.interface import Pending, Transfer
 from commlib.transports.socket.connection import Connection
+from commlib.transports.socket.fast_path import make_inline_native
 from commlib.transports.socket.framing import FrameCodec
 from commlib.transports.socket.mesh import connect_mesh, group_id
 from commlib.transports.socket.natives import SocketNativeCollectives
@@ -83,6 +84,10 @@ class SocketTransport(SocketNativeCollectives):
 
     def post(self, sends: Sequence[Transfer] = (), recvs: Sequence[Transfer] = ()) -> Pending:
         return self.engine.post(sends, recvs)
+
+    def inline_native(self, collective: str, timeout: float):
+        """The small allreduce straight on the sockets (see :mod:`.fast_path`); None for the rest."""
+        return make_inline_native(self, collective, timeout)
 
     def split(self, member: bool, key: int) -> Optional["SocketTransport"]:
         """Collective: the transport of the ranks with ``member`` (ordered by ``key``), over a
