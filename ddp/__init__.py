@@ -12,10 +12,11 @@ Submodules: :mod:`ddp.hooks` (comm hooks: PowerSGD, post-local SGD, fp16...),
 
 from ddp import averaging, hooks, optim
 from ddp.distributed import DistributedDataParallel
-from ddp.fault_tolerant import FaultTolerantDDP, FaultTolerantDiLoCo, fault_tolerant_torch_ddp, manager_comm_hook
+from ddp.fault_tolerant import (FaultTolerantDDP, FaultTolerantDiLoCo, fault_tolerant_ddp, fault_tolerant_torch_ddp,
+                                manager_comm_hook)
 from ddp.join import Join, Joinable, JoinHook
 from ddp.low_communication import DESLOC, DiLoCo
 
 __all__ = ["DistributedDataParallel", "FaultTolerantDDP", "FaultTolerantDiLoCo", "fault_tolerant_torch_ddp",
-           "manager_comm_hook", "Join", "Joinable", "JoinHook",
+           "fault_tolerant_ddp", "manager_comm_hook", "Join", "Joinable", "JoinHook",
            "hooks", "averaging", "optim", "DiLoCo", "DESLOC"]

@@ -12,7 +12,8 @@ the manager for catch-up, and this module gives the manager its codec: ``torch.s
 ``torch.load(weights_only=True)``, which never runs code a peer sent.
 
 ``fault_tolerant_torch_ddp(module, manager)`` is the same over torch's own
-``DistributedDataParallel`` (its reducer, buckets and options), with a communication hook
+``DistributedDataParallel`` (its reducer, buckets and options), and ``fault_tolerant_ddp`` over
+ours (:class:`ddp.DistributedDataParallel`), each with a communication hook
 (:func:`manager_comm_hook`) that averages the buckets over the quorum. The replica's own torch
 group has one rank (a replica is one process); the step still commits or is discarded at
 ``opt.step()``. The buckets are averaged together when the last one is ready (see
@@ -36,10 +37,14 @@ from typing import List
 
 import numpy as np
 import torch
+import torch.distributed
 
+import commlib
 from commlib.errors import InvalidUsageError
+from ddp.distributed import DistributedDataParallel as OurDistributedDataParallel
 
-__all__ = ["FaultTolerantDDP", "FaultTolerantDiLoCo", "fault_tolerant_torch_ddp", "manager_comm_hook",
+__all__ = ["FaultTolerantDDP", "FaultTolerantDiLoCo", "fault_tolerant_torch_ddp", "fault_tolerant_ddp",
+           "manager_comm_hook",
            "ManagerHookState", "TorchCodec",
            "flatten_gradients", "unflatten_gradients", "pseudo_gradient"]
 
@@ -193,6 +198,27 @@ def fault_tolerant_torch_ddp(module: torch.nn.Module, manager, process_group=Non
                                 f"is one process (replica groups of several ranks are not supported yet)")
     register_model(manager, module)
     model = DistributedDataParallel(module, process_group=process_group, **ddp_options)
+    model.register_comm_hook(ManagerHookState(manager, module), manager_comm_hook)
+    return model
+
+
+def fault_tolerant_ddp(module: torch.nn.Module, manager, process_group=None, **ddp_options):
+    """Our :class:`ddp.DistributedDataParallel` (its buckets, hooks, statistics and tracing) over
+    ``module``, averaged over ``manager``'s quorums by :func:`manager_comm_hook`, as
+    :func:`fault_tolerant_torch_ddp` does with torch's; the same average, bit for bit.
+    ``process_group``: the replica's own commlib group, of one rank; without one, the default
+    group, made (one rank, over an in-memory store) when commlib is not initialized.
+    ``ddp_options`` go to our DDP."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"fault_tolerant_ddp: expected a torch.nn.Module, got {type(module).__name__}")
+    if process_group is None:
+        process_group = (commlib.world() if commlib.is_initialized()
+                         else commlib.init(store=torch.distributed.HashStore(), rank=0, world_size=1))
+    if process_group.size != 1:
+        raise InvalidUsageError(f"fault_tolerant_ddp: the replica's group has {process_group.size} ranks; a "
+                                f"replica is one process (replica groups of several ranks are not supported yet)")
+    register_model(manager, module)
+    model = OurDistributedDataParallel(module, process_group=process_group, **ddp_options)
     model.register_comm_hook(ManagerHookState(manager, module), manager_comm_hook)
     return model
 

@@ -9,7 +9,8 @@ second chunk of its state to a joiner; STEP ``*``: any step), and it writes its 
 parameters, ledger and events to ``--out``. ``--ballast-mib N`` adds N MiB to the state a
 joiner takes (every replica of a run must give the same N), so that a catch-up has chunks.
 ``--diloco H`` trains with :class:`ddp.FaultTolerantDiLoCo` instead (a step is a round of H
-inner steps); ``--torch-ddp`` with torch's DDP and :func:`ddp.manager_comm_hook`.
+inner steps); ``--torch-ddp`` with torch's DDP and :func:`ddp.manager_comm_hook`, and the
+replicas named by ``--our-ddp-replicas`` with our DDP and that hook (:func:`ddp.fault_tolerant_ddp`).
 ``--probe-every N --slow-below BYTES_PER_S --slow-ratio R`` turns on the search for a slow
 member (:class:`commlib.ft.SlowReplicas`): a link probe every N steps and when an epoch starts.
 """
@@ -24,7 +25,7 @@ import time
 import torch
 
 from commlib.ft import Manager, SlowReplicas, keys
-from ddp import FaultTolerantDDP, FaultTolerantDiLoCo, fault_tolerant_torch_ddp
+from ddp import FaultTolerantDDP, FaultTolerantDiLoCo, fault_tolerant_ddp, fault_tolerant_torch_ddp
 from tests.support import ft_training
 
 
@@ -37,6 +38,8 @@ def main() -> None:
     parser.add_argument("--ballast-mib", type=int, default=0)
     parser.add_argument("--diloco", type=int, default=0, metavar="H")
     parser.add_argument("--torch-ddp", action="store_true", help="torch's DDP with ddp.manager_comm_hook")
+    parser.add_argument("--our-ddp-replicas", default="", metavar="ID,ID",
+                        help="these replicas train with our DDP and the same hook (ddp.fault_tolerant_ddp)")
     parser.add_argument("--probe-every", type=int, default=0)
     parser.add_argument("--slow-below", type=float, default=None)
     parser.add_argument("--slow-ratio", type=float, default=0.1)
@@ -76,7 +79,10 @@ def main() -> None:
         diloco = FaultTolerantDiLoCo(net, manager, inner, ft_training.outer_optimizer(net.parameters()),
                                      sync_every=args.diloco)
     else:
-        model = fault_tolerant_torch_ddp(net, manager) if args.torch_ddp else FaultTolerantDDP(net, manager)
+        if args.id in args.our_ddp_replicas.split(","):
+            model = fault_tolerant_ddp(net, manager)
+        else:
+            model = fault_tolerant_torch_ddp(net, manager) if args.torch_ddp else FaultTolerantDDP(net, manager)
         optimizer = manager.optimizer(ft_training.optimizer(model.parameters()))
     if die_point == "allreduce":
         manager.gradient_hooks.append(lambda: maybe_die("allreduce"))

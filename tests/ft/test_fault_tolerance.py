@@ -119,11 +119,13 @@ def test_diloco_rounds_go_on_when_a_replica_dies_in_one_and_a_joiner_takes_the_o
 
 def test_torch_ddp_with_the_manager_hook_loses_a_replica_and_takes_a_joiner(run_factory):
     """torch's DistributedDataParallel (ddp.fault_tolerant_torch_ddp, the buckets averaged over
-    the quorum by ddp.manager_comm_hook): r1 is SIGKILLed before its forward of step 2, r0 and r2
-    redo it, r3 joins and catches up, and its first iteration (torch's first bucket layout) meets
-    the members' later one (the layout torch rebuilt). The survivors end bitwise where the
-    one-buffer replay ends, with quorums of three."""
-    summary = scenario_kill_and_join(run_factory, 2, "forward", steps=8, options=["--torch-ddp"])
+    the quorum by ddp.manager_comm_hook) on r0 and r1, our DDP with the same hook
+    (ddp.fault_tolerant_ddp) on r2 and r3: r1 is SIGKILLed before its forward of step 2, r0 and
+    r2 redo it, r3 joins and catches up, and its first iteration (our DDP's first bucket layout)
+    meets the members' later ones (the layouts torch and ours rebuilt). The survivors end bitwise
+    where the one-buffer replay ends, with quorums of three."""
+    summary = scenario_kill_and_join(run_factory, 2, "forward", steps=8,
+                                     options=["--torch-ddp", "--our-ddp-replicas=r2,r3"])
     members = summary["members_per_step"]
     assert members[:2] == [3, 3] and members[2] == 2 and members[-1] == 3, members
 
