@@ -97,15 +97,21 @@ def test_the_frame_sent_is_the_general_paths_and_an_early_peer_frame_is_reduced(
 
 def test_a_late_peer_frame_is_waited_for_by_the_engine(peer):
     mine = np.ones(3, np.float32)
-    timer = threading.Timer(20 * FAST_SPIN_SECONDS + 0.05, lambda: peer.sock.sendall(
-        peer.frame(1, np.full(3, 2, np.float32).tobytes())))
-    timer.start()
-    started = time.monotonic()
+    context = peer.rank0.context
+
+    def send_once_the_engine_waits():  # an order, not a time: the frame comes after the spin gave up
+        deadline = time.monotonic() + 30
+        while context.collective != "allreduce" and time.monotonic() < deadline:
+            time.sleep(FAST_SPIN_SECONDS)
+        peer.sock.sendall(peer.frame(1, np.full(3, 2, np.float32).tobytes()))
+
+    sender = threading.Thread(target=send_once_the_engine_waits)
+    sender.start()
     assert peer.run(1, INF, mine, ReduceOp.MAX) is True
-    timer.join()
-    assert mine.tolist() == [2, 2, 2] and time.monotonic() - started >= 0.05
+    sender.join()
+    assert mine.tolist() == [2, 2, 2]
     # The engine took over: the context began (the deadline counts from there).
-    assert peer.rank0.context.collective == "allreduce" and peer.rank0.context.step == "native allreduce: round 0"
+    assert context.collective == "allreduce" and context.step == "native allreduce: round 0"
 
 
 def test_a_frame_of_another_size_is_a_named_mismatch_and_the_peer_hears_of_it(peer):
@@ -140,7 +146,11 @@ def test_a_frame_the_socket_takes_only_in_part_is_finished_by_the_engine(peer):
 
     thread = threading.Thread(target=rank0)
     thread.start()
-    time.sleep(0.1)
+    connection = peer.rank0.engine.connections[1]
+    deadline = time.monotonic() + 30
+    while not connection.send_queue and time.monotonic() < deadline:  # the engine holds the rest
+        time.sleep(1e-3)
+    assert connection.send_queue, "the frame went out whole: the buffer was not full"
     peer.read(junk)
     frame = peer.read(peer.codec.header_bytes + mine.nbytes)
     peer.sock.sendall(peer.frame(1, np.ones(4096, np.float64).tobytes()))
@@ -153,8 +163,7 @@ def test_a_frame_the_socket_takes_only_in_part_is_finished_by_the_engine(peer):
 def _park_the_second_of_two_frames(peer, second):
     """Collective #1 on the general path while the peer's frames of #1 and (part of) #2 are
     there: the engine reads #2's header ahead and parks it."""
-    peer.sock.sendall(peer.frame(1, np.ones(2, np.int64).tobytes()) + second)
-    time.sleep(0.05)
+    peer.sock.sendall(peer.frame(1, np.ones(2, np.int64).tobytes()) + second)  # in rank 0's buffer on return
     first = np.ones(2, np.int64)
     peer.rank0.context.begin("allreduce", 1, "native", first.nbytes, 30.0)
     peer.rank0.native_allreduce(first, ReduceOp.SUM)
@@ -184,6 +193,20 @@ def test_a_parked_frame_whose_payload_is_late_is_finished_by_the_engine(peer):
     assert peer.run(2, INF, mine, ReduceOp.SUM) is True
     timer.join()
     assert mine.tolist() == [6, 6] and peer.rank0.context.step == "native allreduce: round 0"
+
+
+def test_a_header_the_engine_read_in_part_is_read_on_by_the_engine(peer):
+    frame = peer.frame(2, np.full(2, 5, np.int64).tobytes())
+    peer.sock.sendall(peer.frame(1, np.ones(2, np.int64).tobytes()) + frame[:10])
+    first = np.ones(2, np.int64)
+    peer.rank0.context.begin("allreduce", 1, "native", first.nbytes, 30.0)
+    peer.rank0.native_allreduce(first, ReduceOp.SUM)
+    connection = peer.rank0.engine.connections[1]
+    assert connection.header_have == 10 and not connection.parked and connection.quiet()
+    peer.sock.sendall(frame[10:])
+    mine = np.ones(2, np.int64)
+    assert peer.run(2, INF, mine, ReduceOp.SUM) is True
+    assert mine.tolist() == [6, 6] and connection.header_have == 0
 
 
 def test_a_parked_frame_of_another_collective_is_a_named_mismatch(peer):

@@ -212,12 +212,12 @@ class Connection:
 
     # -- the fast path's direct exchange (commlib/transports/socket/fast_path.py) -------------
     def quiet(self) -> bool:
-        """Nothing queued, buffered or half read (a parked header aside: see
-        :meth:`read_parked_frame_now`), and the peer still there: a frame may go to and come from
-        the socket directly, the state machines left as they are."""
+        """Nothing queued, buffered or half read but a header the engine read ahead (parked, see
+        :meth:`read_parked_frame_now`, or in part: the fast path then hands the receive to the
+        engine), and the peer still there: a frame may go to the socket directly, and come from
+        it, the state machines left as they are."""
         return not (self.send_queue or self.recv_queue or self.frame_left or self.control is not None
-                    or self.pre_pos < self.pre_end or self.eof or self.tls or self.departure is not None
-                    or (self.header_have and not self.parked))
+                    or self.pre_pos < self.pre_end or self.eof or self.tls or self.departure is not None)
 
     def send_frame_now(self, header: bytes, view: memoryview) -> int:
         """Write one frame (``header`` then ``view``) as far as the socket takes it now, on a

@@ -9,21 +9,21 @@ with none of its machinery: per round one ``sendmsg`` of header and payload stra
 caller's buffer, then reads of at most that one frame into the connection's bounce buffer
 until it is there, then the reduction from that buffer.
 
-Where the time went, measured between two namespace hosts of this VM (8 B, one rank each, each
-call from a barrier, medians): a Python send-and-receive of one small frame each way 5.8 us;
-the transport's ``sendrecv`` 18.1 us, its ``native_allreduce`` 20.7 and the group's allreduce
-30.7 (MPI_Allreduce 8.0), i.e. the objects of a post (pending, messages, views), the epoll
-and the group's general path cost four times the exchange itself.
+Why it exists: between two namespace hosts of this VM a Python send-and-receive of one small
+frame took 5.8 us, and the transport's ``native_allreduce`` 20.7 us, the group's general path
+30.7 (MPI_Allreduce 8.0): the objects of a post (pending, messages, views), the epoll and the
+group's machinery cost several times the exchange. With this path the group's 8-byte
+allreduce takes 1.25x MPI_Allreduce there (docs/benchmarks/launch-sockets-small-2x1.json).
 
 It takes the call only when it can finish it without the engine in the common case (plain
 numpy buffer, a dtype and op of the general path's table but AVG, at most one frame the
 bounce buffer holds, a power-of-two group, every partner's connection :meth:`quiet`: nothing
 queued or buffered, the peer there, no TLS) and returns False otherwise, touching nothing.
-Anything unusual once it runs (the socket takes only part of the frame, the peer's frame is
-late, parked by the engine, or not the one expected, the peer left) is handed to the engine
-(:meth:`~.progress.ProgressEngine.resume_exchange`) after a short spin: the context begins
-there (the deadline counts from then, a spin late), and the engine then waits, fails and
-explains exactly as on the general path.
+Anything unusual once it runs (the socket takes only part of the frame; the peer's frame is
+late, not the one expected, or partly read ahead by the engine; the peer left) is handed to the
+engine (:meth:`~.progress.ProgressEngine.resume_exchange`) after a short spin: the context
+begins there (the deadline counts from then, a spin late), and the engine then waits, fails
+and explains exactly as on the general path.
 
 One difference from the general path, by design: this path reads exactly the frames it needs,
 so a peer's ABORT that follows its frame of this allreduce (the peer gave up right after
@@ -129,6 +129,8 @@ def make_inline_native(transport, collective: str, timeout: float):
             if connection.parked:  # the engine read the header ahead: the payload follows it
                 arrived = connection.read_parked_frame_now(expected, nbytes)
                 engine.update_interest(connection)
+            elif connection.header_have:  # it read part of a header ahead: it reads on
+                arrived = -1
             elif whole:
                 spin_until = 0.0
                 polls = 0
