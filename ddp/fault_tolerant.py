@@ -192,14 +192,8 @@ def fault_tolerant_torch_ddp(module: torch.nn.Module, manager, process_group=Non
         raise TypeError(f"fault_tolerant_torch_ddp: expected a torch.nn.Module, got {type(module).__name__}")
     if process_group is None and not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    size = dist.get_world_size(process_group)
-    if size != 1:
-        raise InvalidUsageError(f"fault_tolerant_torch_ddp: the replica's torch group has {size} ranks; a replica "
-                                f"is one process (replica groups of several ranks are not supported yet)")
-    register_model(manager, module)
-    model = DistributedDataParallel(module, process_group=process_group, **ddp_options)
-    model.register_comm_hook(ManagerHookState(manager, module), manager_comm_hook)
-    return model
+    return _hooked("fault_tolerant_torch_ddp", module, manager, dist.get_world_size(process_group),
+                   lambda: DistributedDataParallel(module, process_group=process_group, **ddp_options))
 
 
 def fault_tolerant_ddp(module: torch.nn.Module, manager, process_group=None, **ddp_options):
@@ -214,11 +208,19 @@ def fault_tolerant_ddp(module: torch.nn.Module, manager, process_group=None, **d
     if process_group is None:
         process_group = (commlib.world() if commlib.is_initialized()
                          else commlib.init(store=torch.distributed.HashStore(), rank=0, world_size=1))
-    if process_group.size != 1:
-        raise InvalidUsageError(f"fault_tolerant_ddp: the replica's group has {process_group.size} ranks; a "
-                                f"replica is one process (replica groups of several ranks are not supported yet)")
+    return _hooked("fault_tolerant_ddp", module, manager, process_group.size,
+                   lambda: OurDistributedDataParallel(module, process_group=process_group, **ddp_options))
+
+
+def _hooked(caller: str, module: torch.nn.Module, manager, group_size: int, make_ddp):
+    """``make_ddp()`` (a DDP over ``module`` and the replica's group of ``group_size`` ranks), its
+    buckets averaged over ``manager``'s quorums by :func:`manager_comm_hook`; ``module``
+    registered for catch-up first."""
+    if group_size != 1:
+        raise InvalidUsageError(f"{caller}: the replica's group has {group_size} ranks; a replica is one "
+                                f"process (replica groups of several ranks are not supported yet)")
     register_model(manager, module)
-    model = OurDistributedDataParallel(module, process_group=process_group, **ddp_options)
+    model = make_ddp()
     model.register_comm_hook(ManagerHookState(manager, module), manager_comm_hook)
     return model
 

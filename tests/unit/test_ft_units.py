@@ -481,37 +481,45 @@ class _Bucket:
         return self._last
 
 
-def test_the_torch_ddp_hook_drops_what_an_interrupted_backward_left(coordinator):
-    """A backward that stopped after its first bucket leaves that bucket in the hook's state; the
-    next backward's bucket 0 drops it, so the average holds this backward's buckets only, and the
-    stale bucket's future is never completed (one replica: the average is the gradient itself)."""
-    torch = pytest.importorskip("torch")
+@contextlib.contextmanager
+def only_replica(coordinator):
+    """A manager that is its job's only replica (quorums of one: the mean is its own gradient)."""
     from commlib.ft import Manager
-    from ddp.fault_tolerant import ManagerHookState, manager_comm_hook
 
     coord, replicas = coordinator(heartbeat_timeout=100.0, initial_replicas=1, min_replicas=1, join_window=0.05)
     with deciding(coord):
         manager = Manager(f"127.0.0.1:{coord.port}", replica_id="only", join_timeout=60.0)
         try:
-            module = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
-            params = list(module.parameters())
-            state = ManagerHookState(manager, module)
-
-            def bucket(index, last, held):  # a buffer of the bucket's parameters, scaled to tell them apart
-                return _Bucket(index, last, held, torch.cat([p.detach().reshape(-1) * (index + 1) for p in held]))
-
-            manager.start_step()
-            stale = manager_comm_hook(state, bucket(0, False, params[2:]))  # ... and backward stopped there
-            first, last = bucket(0, False, params[2:]), bucket(1, True, params[:2])
-            expected = [first.buffer().clone(), last.buffer().clone()]
-            futures = [manager_comm_hook(state, first), manager_comm_hook(state, last)]
-            assert all(future.done() for future in futures) and not stale.done()
-            for future, want in zip(futures, expected):
-                assert torch.equal(future.value(), want)
-            assert state.pending == []
+            yield manager
         finally:
             manager.close()
             replicas.close()
+
+
+def test_the_torch_ddp_hook_drops_what_an_interrupted_backward_left(coordinator):
+    """A backward that stopped after its first bucket leaves that bucket in the hook's state; the
+    next backward's bucket 0 drops it, so the average holds this backward's buckets only, and the
+    stale bucket's future is never completed (one replica: the average is the gradient itself)."""
+    torch = pytest.importorskip("torch")
+    from ddp.fault_tolerant import ManagerHookState, manager_comm_hook
+
+    with only_replica(coordinator) as manager:
+        module = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+        params = list(module.parameters())
+        state = ManagerHookState(manager, module)
+
+        def bucket(index, last, held):  # a buffer of the bucket's parameters, scaled to tell them apart
+            return _Bucket(index, last, held, torch.cat([p.detach().reshape(-1) * (index + 1) for p in held]))
+
+        manager.start_step()
+        stale = manager_comm_hook(state, bucket(0, False, params[2:]))  # ... and backward stopped there
+        first, last = bucket(0, False, params[2:]), bucket(1, True, params[:2])
+        expected = [first.buffer().clone(), last.buffer().clone()]
+        futures = [manager_comm_hook(state, first), manager_comm_hook(state, last)]
+        assert all(future.done() for future in futures) and not stale.done()
+        for future, want in zip(futures, expected):
+            assert torch.equal(future.value(), want)
+        assert state.pending == []
 
 
 def test_the_torch_ddp_hook_refuses_to_open_a_step_inside_backward(coordinator):
@@ -519,26 +527,19 @@ def test_the_torch_ddp_hook_refuses_to_open_a_step_inside_backward(coordinator):
     named error instead of joining a quorum (and loading a peer's parameters) mid-backward; the
     manager is untouched and opens the step at the optimizer's zero_grad."""
     torch = pytest.importorskip("torch")
-    from commlib.ft import Manager
     from ddp import fault_tolerant_torch_ddp
 
-    coord, replicas = coordinator(heartbeat_timeout=100.0, initial_replicas=1, min_replicas=1, join_window=0.05)
-    with deciding(coord):
-        manager = Manager(f"127.0.0.1:{coord.port}", replica_id="only", join_timeout=60.0)
-        try:
-            torch.manual_seed(0)
-            model = fault_tolerant_torch_ddp(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
-                                                                 torch.nn.Linear(8, 2)), manager)
-            opt = manager.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-            inputs = torch.randn(6, 4)
-            with pytest.raises(Exception, match="manager_comm_hook: no step is open: call zero_grad"):
-                model(inputs).square().sum().backward()
-            assert manager.group is None and not manager.step_open, "no quorum was joined inside backward"
-            opt.zero_grad()  # the step opens where it should (torch's reducer, after a hook raised, is
-            assert manager.step_open and manager.group is not None  # not usable again: that is torch's)
-        finally:
-            manager.close()
-            replicas.close()
+    with only_replica(coordinator) as manager:
+        torch.manual_seed(0)
+        model = fault_tolerant_torch_ddp(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                                             torch.nn.Linear(8, 2)), manager)
+        opt = manager.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        inputs = torch.randn(6, 4)
+        with pytest.raises(Exception, match="manager_comm_hook: no step is open: call zero_grad"):
+            model(inputs).square().sum().backward()
+        assert manager.group is None and not manager.step_open, "no quorum was joined inside backward"
+        opt.zero_grad()  # the step opens where it should (torch's reducer, after a hook raised, is
+        assert manager.step_open and manager.group is not None  # not usable again: that is torch's)
 
 
 def test_two_models_on_one_manager_are_registered_apart_and_both_averaged(coordinator):
@@ -546,30 +547,23 @@ def test_two_models_on_one_manager_are_registered_apart_and_both_averaged(coordi
     catch-up under its own name, in the order the program makes them, and each model's gradients
     are averaged in the step (one replica: the mean is its own, and the step commits)."""
     torch = pytest.importorskip("torch")
-    from commlib.ft import Manager
     from ddp import FaultTolerantDDP, fault_tolerant_torch_ddp
 
-    coord, replicas = coordinator(heartbeat_timeout=100.0, initial_replicas=1, min_replicas=1, join_window=0.05)
-    with deciding(coord):
-        manager = Manager(f"127.0.0.1:{coord.port}", replica_id="only", join_timeout=60.0)
-        try:
-            torch.manual_seed(0)
-            nets = [torch.nn.Linear(4, 3), torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)]
-            models = [fault_tolerant_torch_ddp(nets[0], manager), fault_tolerant_torch_ddp(nets[1], manager),
-                      FaultTolerantDDP(nets[2], manager)]
-            assert [name for name in manager.states if name.startswith("model")] == ["model", "model.1", "model.2"]
-            for name, net in zip(("model", "model.1", "model.2"), nets):
-                save, _ = manager.states[name]
-                assert save().keys() == net.state_dict().keys()
-                assert all(torch.equal(save()[key], value) for key, value in net.state_dict().items())
-            opt = manager.optimizer(torch.optim.SGD([p for net in nets for p in net.parameters()], lr=0.1))
-            before = [p.detach().clone() for net in nets for p in net.parameters()]
-            opt.zero_grad()
-            models[2](models[1](models[0](torch.randn(5, 4)))).square().sum().backward()
-            grads = [p.grad.clone() for net in nets for p in net.parameters()]
-            assert opt.step() is not False and manager.steps == 1
-            after = [p.detach() for net in nets for p in net.parameters()]
-            assert all(torch.allclose(b - 0.1 * g, a) for b, g, a in zip(before, grads, after))
-        finally:
-            manager.close()
-            replicas.close()
+    with only_replica(coordinator) as manager:
+        torch.manual_seed(0)
+        nets = [torch.nn.Linear(4, 3), torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)]
+        models = [fault_tolerant_torch_ddp(nets[0], manager), fault_tolerant_torch_ddp(nets[1], manager),
+                  FaultTolerantDDP(nets[2], manager)]
+        assert [name for name in manager.states if name.startswith("model")] == ["model", "model.1", "model.2"]
+        for name, net in zip(("model", "model.1", "model.2"), nets):
+            save, _ = manager.states[name]
+            assert save().keys() == net.state_dict().keys()
+            assert all(torch.equal(save()[key], value) for key, value in net.state_dict().items())
+        opt = manager.optimizer(torch.optim.SGD([p for net in nets for p in net.parameters()], lr=0.1))
+        before = [p.detach().clone() for net in nets for p in net.parameters()]
+        opt.zero_grad()
+        models[2](models[1](models[0](torch.randn(5, 4)))).square().sum().backward()
+        grads = [p.grad.clone() for net in nets for p in net.parameters()]
+        assert opt.step() is not False and manager.steps == 1
+        after = [p.detach() for net in nets for p in net.parameters()]
+        assert all(torch.allclose(b - 0.1 * g, a) for b, g, a in zip(before, grads, after))

@@ -22,6 +22,7 @@ from commlib.transports.socket.fast_path import FAST_SPIN_SECONDS, make_inline_n
 from commlib.transports.socket.framing import ABORT, FrameCodec
 from commlib.transports.socket.natives import SocketNativeCollectives
 from commlib.transports.socket.progress import ProgressEngine
+from tests.support.raw_socket import read_exactly
 
 JOB, GROUP = b"j" * 8, b"g" * 8
 FRAME = 4 << 20
@@ -62,13 +63,7 @@ class Peer:
 
     def read(self, count, timeout=10.0):
         self.sock.settimeout(timeout)
-        data = b""
-        while len(data) < count:
-            chunk = self.sock.recv(count - len(data))
-            if not chunk:
-                raise EOFError(f"closed after {len(data)} of {count} bytes")
-            data += chunk
-        return data
+        return read_exactly(self.sock, count)
 
     def nothing_written(self):
         try:

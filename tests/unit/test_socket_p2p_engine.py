@@ -21,6 +21,7 @@ from commlib.transports.socket.p2p_framing import (CANCEL, CTS, DATA, DECLINE, E
                                                    FrameError, P2PCodec)
 from commlib.transports.socket.p2p_link import P2PLink
 from commlib.transports.socket.p2p_matching import ANY_SOURCE, P2POp
+from tests.support.raw_socket import read_exactly
 
 JOB, GROUP = b"j" * 8, b"g" * 8
 EAGER_LIMIT, FRAME = 1024, 4096
@@ -47,13 +48,7 @@ class Peer:
         return frame, self._exactly(frame.length)
 
     def _exactly(self, count):
-        data = b""
-        while len(data) < count:
-            chunk = self.sock.recv(count - len(data))
-            if not chunk:
-                raise EOFError(f"closed after {len(data)} of {count} bytes")
-            data += chunk
-        return data
+        return read_exactly(self.sock, count)
 
     def post(self, kind, nbytes, tag=0, timeout=10.0, peer=1, fill=0, on_done=None):
         buf = bytearray([fill]) * (nbytes + GUARD)  # a guard after the posted bytes: nothing may land there

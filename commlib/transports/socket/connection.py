@@ -31,7 +31,7 @@ from typing import Deque, List, NamedTuple, Optional
 from commlib.transports.socket.framing import (ABORT, DATA, GOODBYE, FrameCodec, FrameError, decode_abort,
                                                decode_goodbye, encode_abort, encode_goodbye)
 
-__all__ = ["Connection", "Outgoing", "Incoming", "Departure", "PeerGone", "BadFrame", "PREFETCH_BYTES"]
+__all__ = ["Connection", "Outgoing", "Incoming", "Departure", "PeerGone", "BadFrame", "PREFETCH_BYTES", "drop_written"]
 
 PREFETCH_BYTES = 64 << 10
 _DRAIN_CHUNK = 256 << 10
@@ -68,10 +68,8 @@ class Incoming:
         self.pending = pending
 
 
-def _advance(message: Outgoing, sent: int) -> None:
-    """``sent`` more bytes of ``message``'s current frame were written: drop them from its pieces."""
-    message.frame_sent += sent
-    pieces = message.pieces
+def drop_written(pieces: List[memoryview], sent: int) -> None:
+    """``sent`` bytes of ``pieces`` (the views a ``sendmsg`` was given) went out: drop them."""
     while sent:
         first = pieces[0]
         if sent >= len(first):
@@ -80,6 +78,12 @@ def _advance(message: Outgoing, sent: int) -> None:
         else:
             pieces[0] = first[sent:]
             sent = 0
+
+
+def _advance(message: Outgoing, sent: int) -> None:
+    """``sent`` more bytes of ``message``'s current frame were written."""
+    message.frame_sent += sent
+    drop_written(message.pieces, sent)
 
 
 class Departure(NamedTuple):

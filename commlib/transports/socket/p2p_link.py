@@ -21,6 +21,7 @@ import socket
 import ssl
 from typing import Callable, Deque, List, Optional, Protocol
 
+from commlib.transports.socket.connection import drop_written
 from commlib.transports.socket.p2p_framing import DATA, HEADER_BYTES, FrameError, P2PCodec, P2PFrame
 
 __all__ = ["P2PLink", "Chunk", "Stream", "Sink", "Dispatcher", "LinkBroken", "PARK"]
@@ -136,14 +137,7 @@ class P2PLink:
                 raise LinkBroken(f"writing to {self.describe()} failed ({error.strerror or error})") from None
             chunk.sent += sent
             pieces = chunk.pieces
-            while sent:
-                first = pieces[0]
-                if sent >= len(first):
-                    sent -= len(first)
-                    del pieces[0]
-                else:
-                    pieces[0] = first[sent:]
-                    sent = 0
+            drop_written(pieces, sent)
             while pieces and not len(pieces[0]):
                 del pieces[0]
             if pieces:
