@@ -13,6 +13,7 @@ from commlib import ReduceOp
 from commlib.algorithms.registry import get_algorithm
 from commlib.ops import DTYPE_IS_FLOAT
 from commlib.topology import Topology
+from commlib.transports.socket.connection import PREFETCH_BYTES
 from commlib.transports.socket.fast_path import make_inline_native
 from tests.sockets.cases import cases
 from tests.support.socket_world import process_group
@@ -210,7 +211,7 @@ def group_small_allreduces(state):
                         before = group.executor.inline_runs
                         group.allreduce(buf, op, algorithm="native")
                         ran += group.executor.inline_runs - before
-                        due += fast_possible and buf.nbytes <= 64 << 10
+                        due += fast_possible and buf.nbytes <= PREFETCH_BYTES
                     if buf.tobytes() != expected.tobytes():
                         problems.append(f"{dtype} {op.name} n={count} {call}: "
                                         f"{buf[:4].tolist()} != {expected[:4].tolist()}")

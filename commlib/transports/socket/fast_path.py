@@ -9,11 +9,9 @@ with none of its machinery: per round one ``sendmsg`` of header and payload stra
 caller's buffer, then reads of at most that one frame into the connection's bounce buffer
 until it is there, then the reduction from that buffer.
 
-Why it exists: between two namespace hosts of this VM a Python send-and-receive of one small
-frame took 5.8 us, and the transport's ``native_allreduce`` 20.7 us, the group's general path
-30.7 (MPI_Allreduce 8.0): the objects of a post (pending, messages, views), the epoll and the
-group's machinery cost several times the exchange. With this path the group's 8-byte
-allreduce takes 1.25x MPI_Allreduce there (docs/benchmarks/launch-sockets-small-2x1.json).
+Why it exists: for a message of a few bytes the general path's objects (pending, messages,
+views), its epoll and the group's machinery cost several times the exchange itself; the
+figures with this path are in docs/benchmarks/launch-sockets-small-2x1.json.
 
 It takes the call only when it can finish it without the engine in the common case (plain
 numpy buffer, a dtype and op of the general path's table but AVG, at most one frame the
@@ -39,7 +37,7 @@ import time
 
 import numpy as np
 
-from commlib.ops import DTYPE_IS_FLOAT, ReduceOp
+from commlib.ops import DTYPE_IS_FLOAT, ReduceOp, ufunc_name
 from commlib.platform.machine import polls_per_yield
 from commlib.reliability.progress_board import CODE_BITS, COLLECTIVE_CODES
 from commlib.transports.socket.natives import SMALL_BYTES
@@ -53,10 +51,10 @@ FAST_SPIN_SECONDS = 100e-6
 SCRATCH_SLOT = (1 << 20) + 2  # where a round the engine finishes receives: a slot beside natives.py's
 NDARRAY = np.ndarray
 _SUM, _MIN, _MAX, _PROD = ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PROD
-# Members matched by identity (hashing an Enum member runs Python code); names by this table.
-_UFUNC_BY_NAME = {name: ufunc for ufunc, names in ((np.add, ("sum", "SUM")), (np.minimum, ("min", "MIN")),
-                                                   (np.maximum, ("max", "MAX")), (np.multiply, ("prod", "PROD")))
-                  for name in names}
+# Members matched by identity (hashing an Enum member runs Python code); names by this table,
+# the ufuncs the general path reduces with (commlib.ops), AVG left to it (it divides).
+_UFUNC_BY_NAME = {name: getattr(np, ufunc_name(op)) for op in ReduceOp if op is not ReduceOp.AVG
+                  for name in (op.value, op.name)}
 
 
 def make_inline_native(transport, collective: str, timeout: float):
@@ -80,10 +78,9 @@ def make_inline_native(transport, collective: str, timeout: float):
                        np.frombuffer(connection.bounce, np.uint8)))
         mask <<= 1
     connections = [connection for connection, _, _, _ in rounds]
-    # Every round's frame must be one the bounce buffer holds whole, and one the general path
-    # sends the same way (recursive doubling, one frame).
-    cap = min(SMALL_BYTES, *(connection.prefetch_limit for connection in connections),
-              *(connection.codec.frame_bytes for connection in connections))
+    # Every round's frame must be one the bounce buffer holds whole (prefetch_limit: one frame at
+    # most), and one the general path sends the same way (recursive doubling up to SMALL_BYTES).
+    cap = min(SMALL_BYTES, *(connection.prefetch_limit for connection in connections))
     board = transport.progress_board
     slot = board.mine_slot if board is not None else None
     if slot is None:
