@@ -65,8 +65,6 @@ def test_a_checksum_that_disagrees_loads_nothing_and_names_both_sides(world):
 
 @pytest.mark.parametrize("pair_only", [False, True], ids=["three", "two"])
 def test_the_link_probe_gives_every_member_the_same_matrix_of_real_rates(world, pair_only):
-    from commlib.ft.links import SlowReplicas, slowest_member
-
     results = world.run("tests.ft.catchup_ranks:probe_case", 64 << 10, pair_only)
     matrices = [np.array(result) for result in results if result is not None]
     size = 2 if pair_only else 3
@@ -77,8 +75,8 @@ def test_the_link_probe_gives_every_member_the_same_matrix_of_real_rates(world, 
     # Measured, not made up: above 100 kB/s (loopback moves GB/s, but on a loaded 2-core machine
     # a rank that waits for a core makes a 64 KiB probe time as 3-10 MB/s: seen with four pytest
     # workers), far below what a payload already in the socket buffers would time as (the
-    # receiver paces the sender). Which member waited for a core is the machine's doing (one
-    # rank's links at 3-5 MB/s, the others' at 80-95, in a quiet CI run with three workers), so
-    # the verdict is asked only to spare every member above that floor.
+    # receiver paces the sender). No slow-member verdict here: on loopback which member waited
+    # for a core is the machine's doing (one rank's links at 3-5 MB/s, the others' at 80-95, in a
+    # quiet CI run with three workers); the verdict on real slow links is the multi-host test's
+    # (tests/multihost/test_ft_hosts.py), and slowest_member's rule is the unit tests'.
     assert (rates[off] > 1e5).all() and (rates[off] < 1e11).all(), rates
-    assert slowest_member(rates, SlowReplicas(below=1e5)) is None, rates
