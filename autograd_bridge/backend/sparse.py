@@ -88,14 +88,32 @@ class SparseAllreduce:
 
     def finish(self) -> None:
         blocks = self.gathered.view(self.group.size, self.block)
-        parts: List[torch.Tensor] = [
-            torch.sparse_coo_tensor(self._indices(blocks[r], n), self._values(blocks[r], n), self.shape,
-                                    dtype=self.tensor.dtype)
-            for r, n in enumerate(self.nnz)]
+        parts: List[torch.Tensor] = []
+        for r, n in enumerate(self.nnz):
+            indices = self._indices(blocks[r], n)
+            self._check_in_bounds(indices, r)
+            parts.append(torch.sparse_coo_tensor(indices, self._values(blocks[r], n), self.shape,
+                                                 dtype=self.tensor.dtype))
         total = parts[0]
         for part in parts[1:]:
             total += part
         self.tensor.copy_(total.coalesce())
+
+
+    def _check_in_bounds(self, indices: torch.Tensor, rank: int) -> None:
+        """Entries from a peer are indices into this rank's memory (torch builds the sum without
+        checking them: an index out of bounds is a write out of bounds); a peer's bytes that are
+        not what it sent end as an error here, never a crash."""
+        if indices.shape[1] == 0:
+            return
+        low, high = indices.min(dim=1).values, indices.max(dim=1).values
+        limits = torch.tensor(self.shape[:self.sparse_dim], dtype=torch.int64)
+        if bool((low < 0).any()) or bool((high >= limits).any()):
+            raise commlib.CommError(
+                f"commlib backend: {self.collective} of a sparse tensor of sizes {self.shape} on rank "
+                f"{self.group.rank}/{self.group.size}: rank {rank}'s {indices.shape[1]} entries arrived with "
+                f"indices from {low.tolist()} to {high.tolist()}, outside the sizes; expected what that "
+                f"rank coalesced (its bytes were altered on the way)")
 
 
 def _aligned(nbytes: int) -> int:

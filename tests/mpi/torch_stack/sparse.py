@@ -4,7 +4,8 @@ torch's DDP with a sparse embedding gradient, each against gloo bit for bit.
 Cases: duplicate indices (an uncoalesced input), two sparse dims, a dense trailing dim (an
 embedding gradient), a rank holding no entry, nobody holding any, integer and bfloat16 values,
 sync (and async for some); the input tensor itself holds the sum afterwards (as on gloo). Ranks whose
-sizes disagree get the same error on every rank.
+sizes disagree get the same error on every rank; a peer's entries whose indices arrive out of
+bounds end in a CommError that names that peer, not a write out of bounds.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from commlib import InvalidUsageError
+from autograd_bridge.backend.sparse import SparseAllreduce
+from commlib import CommError, InvalidUsageError
 from tests.mpi.torch_stack.common import GridLinear, same_bits
 
 
@@ -59,6 +61,7 @@ def check_sparse(checker):
             checker.close(ours.to_dense().double().numpy(), whole.numpy(), f"{what}: dense sum",
                           rtol=1e-2 if dtype is torch.bfloat16 else 1e-6, atol=1e-2)
     _check_mismatch(checker, rank)
+    _check_altered_indices(checker, rank, dist.get_world_size())
     _check_ddp_embedding(checker, rank, gloo)
 
 
@@ -71,6 +74,24 @@ def _check_mismatch(checker, rank):
     dist.all_reduce(after)
     checker.equal(after.numpy(), torch.full((2,), float(dist.get_world_size())).numpy(),
                   "all_reduce after the refused sparse one")
+
+
+def _check_altered_indices(checker, rank, size):
+    """The allgather's bytes of the next rank's first index altered here, after they arrived and
+    before the sum is built (what a fault on the way would leave): every rank names that rank."""
+    def mine():
+        return torch.sparse_coo_tensor(torch.tensor([[rank, rank + 10, rank + 20, rank + 30]]), torch.ones(4), (50,))
+
+    tensor = mine()
+    call = SparseAllreduce(dist.group.WORLD.commlib_group, tensor, None)
+    call.issue(False)
+    peer = (rank + 1) % size
+    call.gathered.view(size, call.block)[peer, :8].view(torch.int64).fill_(50 + peer)
+    error = checker.raises(CommError, call.finish, "sparse all_reduce with a peer's indices altered")
+    if error is not None:
+        checker.check(f"rank {peer}'s 4 entries" in str(error) and "(50,)" in str(error),
+                      f"the error names the peer and the sizes: {error}")
+    checker.equal(tensor.to_dense().numpy(), mine().to_dense().numpy(), "the refused sum left the input as it was")
 
 
 class _Bag(torch.nn.Module):
