@@ -30,7 +30,7 @@ import numpy as np
 
 from commlib.errors import CommError
 
-__all__ = ["CHUNK_BYTES", "CatchUp", "Payload", "catch_up"]
+__all__ = ["CHUNK_BYTES", "CatchUp", "Payload", "broadcast_small", "catch_up"]
 
 Payload = Union[bytes, bytearray, memoryview]
 
@@ -56,7 +56,8 @@ class CatchUp:
                 f"of {self.seconds:.3f} s)")
 
 
-def _broadcast_small(group, data: Optional[bytes], root: int) -> bytes:
+def broadcast_small(group, data: Optional[bytes], root: int) -> bytes:
+    """``root``'s ``data`` (a few bytes: a header, a record) on every rank of ``group``: its length, then the bytes."""
     length = np.array([len(data) if data is not None else 0], np.int64)
     group.broadcast(length, root=root)
     buffer = np.empty(int(length[0]), np.uint8)
@@ -136,7 +137,7 @@ def catch_up(group, steps: int, save: Callable[[], Tuple[dict, Payload]],
     if group.rank == source:
         ledger, payload = save()
         header = json.dumps({"ledger": ledger, "bytes": memoryview(payload).nbytes}).encode()
-    meta = json.loads(_broadcast_small(group, header, source))
+    meta = json.loads(broadcast_small(group, header, source))
     nbytes = int(meta["bytes"])
     chain = [source] + behind  # the bytes go down it once, chunk by chunk; the others wait for the digest
     position = chain.index(group.rank) if group.rank in chain else -1

@@ -6,6 +6,10 @@ and the store deletes the key, which the coordinator sees on its next tick.
 When the connection breaks (the coordinator died), it reconnects until a coordinator answers
 again and registers anew: a restarted coordinator starts with an empty store and learns the
 replicas only from these registrations.
+
+With ``beats=False`` it only watches (the other ranks of a replica group of several ranks: their
+leader beats for the replica, and they read the epoch's ``closed`` key as it does, to abort their
+own cross-replica groups when the coordinator lost a member).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ class HeartbeatThread:
     as ``replica``'s heartbeat through a store that ``connect()`` opens."""
 
     def __init__(self, replica: str, connect: Callable[[], TCPStore], state: Callable[[], tuple],
-                 interval: float = 0.1):
+                 interval: float = 0.1, beats: bool = True):
         self.replica = replica
+        self.beats = beats
         self.connect = connect
         self.state = state
         self.interval = float(interval)
@@ -41,7 +46,8 @@ class HeartbeatThread:
         self.on_change: Optional[Callable[[str, str], None]] = None
         self._store: Optional[TCPStore] = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"commlib-ft-heartbeat-{replica}", daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"commlib-ft-{'heartbeat' if beats else 'watch'}-{replica}")
 
     def start(self) -> "HeartbeatThread":
         self._thread.start()
@@ -63,9 +69,11 @@ class HeartbeatThread:
                 store = self._store
                 if store is None:
                     store = self._store = self.connect()
-                    self._register(store)
-                self.beat += 1
-                store.set(keys.heartbeat(self.replica), self.record().encode())
+                    if self.beats:
+                        self._register(store)
+                if self.beats:
+                    self.beat += 1
+                    store.set(keys.heartbeat(self.replica), self.record().encode())
                 self._read_watch()
             except CommError as error:
                 self._drop()
@@ -112,7 +120,7 @@ class HeartbeatThread:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
-        if final_state is not None:
+        if final_state is not None and self.beats:
             try:
                 store = self.connect()
                 _, epoch, step = self.state()

@@ -33,6 +33,18 @@ the others' collectives would wait for it until the group's timeout. The coordin
 heartbeats stop and closes the epoch with a ``lost`` reason; each member's heartbeat thread
 reads that within a beat and aborts the group (:meth:`commlib.ProcessGroup.abort`): the step in
 progress fails at once everywhere and is redone by the next quorum, without the lost member.
+
+**Replica groups of several ranks** (``local_group``: the replica's own ranks, e.g. the ranks of
+one host's mpiexec job, every replica with as many): the replica is the unit of membership and
+of failure, as in HSDP. Its local rank 0 (the *leader*) alone heartbeats and reads quorums, and
+hands each decision to the others over the local group (the quorum to enter, whether the epoch
+is lost before a step); local rank ``j`` of every member averages over its own cross-replica
+group, the ``j``-th (``ft/e<E>/pg/<j>``), and catches up from local rank ``j`` of the source, so
+each rank's shard of the state (a sharded or tensor-parallel model) comes from its counterpart.
+A step's outcome is each cross group's vote, then the worst of them over the local group
+(commit < commit-last < discard < unknown): every member holds the outcomes of the same cross
+groups, so all decide alike, and the ranks of one replica never apply different steps. A
+replica whose ranks did not all enter an epoch closes it (all leave at the next step).
 """
 
 from __future__ import annotations
@@ -50,7 +62,8 @@ import numpy as np
 from commlib.config import load_config
 from commlib.errors import CommError, CommTimeoutError, InvalidUsageError, JobStateLostError
 from commlib.ft import keys
-from commlib.ft.catchup import CatchUp, Payload, catch_up
+from commlib import ops as commlib_ops
+from commlib.ft.catchup import CatchUp, Payload, broadcast_small, catch_up
 from commlib.ft.heartbeat import HeartbeatThread
 from commlib.ft.links import SlowReplicas, probe_links, slowest_member
 from commlib.ft.sampling import Ledger, share_weight, shares
@@ -69,6 +82,16 @@ STRANDED_CHECK_SECONDS = 0.2
 SLOW_STEP_WINDOW = 64
 #: A step's outcomes: committed (the epoch goes on), committed and the epoch's last, discarded.
 COMMIT, COMMIT_LAST, ABORT = "commit", "commit-last", "abort"
+# From best to worst (None: the vote failed, the outcome is unknown here): a replica of several
+# ranks takes its ranks' worst.
+_OUTCOMES: List[Optional[str]] = [COMMIT, COMMIT_LAST, ABORT, None]
+#: How long at most the leader of a replica of several ranks searches for a quorum before it
+#: tells the others that it still waits.
+LEADER_SLICE_SECONDS = 1.0
+
+
+class _NotEverywhere(CommError):
+    """Another rank of this replica could not enter the epoch (this one did)."""
 
 def finish_average(flat: np.ndarray, members: int) -> None:
     """The sum over ``members`` becomes their mean, in place (what a reference replay does too)."""
@@ -93,13 +116,16 @@ class Manager:
     ``connect_timeout`` how long a replica waits for a (restarted) coordinator.
     ``algorithm``: the allreduce of the gradients (a fixed one, so a replay of the same member
     sets is bitwise the same; ring by default). ``slow_replicas``: probe the members' links and
-    exclude a slow one (off by default; see :mod:`commlib.ft.links`).
+    exclude a slow one (off by default; see :mod:`commlib.ft.links`). ``local_group``: the ranks
+    of this replica (every one of them makes a Manager with the same ``replica_id``, at the same
+    point, and calls the same steps; see "Replica groups" above). The link probe works on
+    replicas of one rank only, for now.
     """
 
     def __init__(self, coordinator: str, replica_id: Optional[str] = None, *, secret: Optional[JobSecret] = None,
                  heartbeat_interval: float = 0.1, timeout: float = 60.0,
                  connect_timeout: float = 120.0, join_timeout: float = 600.0, algorithm: str = "ring",
-                 slow_replicas: Optional[SlowReplicas] = None):
+                 slow_replicas: Optional[SlowReplicas] = None, local_group: Optional["ProcessGroup"] = None):
         self.host, self.port = _address(coordinator)
         self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}"
         if "/" in self.replica_id or not self.replica_id:
@@ -112,6 +138,12 @@ class Manager:
             raise InvalidUsageError(f"Manager: slow_replicas must be a SlowReplicas, got "
                                     f"{type(slow_replicas).__name__}")
         self.slow_replicas = slow_replicas
+        self.local_group = local_group if local_group is not None and local_group.size > 1 else None
+        self.local_rank = self.local_group.rank if self.local_group is not None else 0
+        self.local_size = self.local_group.size if self.local_group is not None else 1
+        if self.local_group is not None and slow_replicas is not None:
+            raise InvalidUsageError(f"Manager: slow_replicas with a local_group of {self.local_size} ranks: the link "
+                                    f"probe measures replicas of one rank only")
         # This epoch's latest gradient allreduces (the slow-step trigger): a window, so that the
         # median each step costs the same however long the epoch runs.
         self._allreduce_seconds: Deque[float] = collections.deque(maxlen=SLOW_STEP_WINDOW)
@@ -137,7 +169,7 @@ class Manager:
         self._beat_state: Tuple[str, int, int] = (keys.WAITING, -1, 0)
         self._store = self._connect(self.connect_timeout)
         self.heartbeat = HeartbeatThread(self.replica_id, lambda: self._connect(1.0), lambda: self._beat_state,
-                                         heartbeat_interval)
+                                         heartbeat_interval, beats=self.local_rank == 0)
         self.heartbeat.on_change = self._on_close_seen
         self.heartbeat.start()
 
@@ -262,6 +294,8 @@ class Manager:
             result = ABORT if ballot[0] else COMMIT_LAST if ballot[1] else COMMIT
         except CommError as error:
             self._event("vote-failed", step=step, error=str(error)[:300])
+        if self.local_group is not None:
+            result = self._worst_over_replica(result)
         self.step_open = False
         committed = result in (COMMIT, COMMIT_LAST)
         if committed:
@@ -285,7 +319,8 @@ class Manager:
         return committed
 
     def close(self) -> None:
-        """Leave the job: the coordinator drops this replica at once (no heartbeat timeout)."""
+        """Leave the job: the coordinator drops this replica at once (no heartbeat timeout).
+        (A replica of several ranks: every rank calls it; the leader's says so.)"""
         self._beat_state = (keys.LEFT, self.epoch, self.steps)
         self.heartbeat.stop(final_state=keys.LEFT)
         self._leave_epoch()
@@ -367,6 +402,8 @@ class Manager:
         """Before a step: leave an epoch that is closed for any reason but a joiner (a member was
         lost: its allreduce could only fail; or the coordinator restarted)."""
         reason = self.heartbeat.watched(keys.closed(self.epoch))
+        if self.local_group is not None:  # the leader's reading, so that the replica's ranks leave together
+            reason = self._from_leader({"reason": reason})["reason"]
         if not reason or reason.startswith(keys.JOIN_PREFIX):
             return False
         self._event("epoch-closed", step=self.steps, reason=reason)
@@ -385,8 +422,51 @@ class Manager:
     def _join_quorum(self) -> None:
         deadline = time.monotonic() + self.join_timeout
         self._beat_state = (keys.WAITING, self.epoch, self.steps)
+        while True:
+            quorum = self._next_quorum(deadline)
+            rank = quorum.rank_of(self.replica_id)
+            assert rank is not None
+            if self._enter(quorum, rank):
+                return
+
+    def _next_quorum(self, deadline: float) -> keys.Quorum:
+        """The next quorum with this replica in it. A replica of several ranks: the leader's,
+        handed to the others at least every ``LEADER_SLICE_SECONDS`` (a "still waiting" record
+        meanwhile, so their local collective never waits out its timeout; an error the leader
+        raises, they raise too)."""
+        if self.local_group is None:
+            quorum = self._search_quorum(deadline, deadline)
+            if quorum is None:
+                raise self._no_quorum()
+            return quorum
+        while True:
+            record: Dict[str, Any] = {}
+            if self.local_rank == 0:
+                try:
+                    quorum = self._search_quorum(deadline, time.monotonic() + LEADER_SLICE_SECONDS)
+                    if quorum is not None:
+                        record = {"quorum": dataclasses.asdict(quorum)}
+                    elif time.monotonic() >= deadline:
+                        raise self._no_quorum()
+                except (JobStateLostError, CommTimeoutError) as error:
+                    self._from_leader({"error": type(error).__name__, "message": str(error)})
+                    raise
+            record = self._from_leader(record)
+            if "error" in record:
+                kind = JobStateLostError if record["error"] == "JobStateLostError" else CommTimeoutError
+                raise kind(f"{record['message']} (local rank {self.local_rank} of replica {self.replica_id}: "
+                           f"as its local rank 0 said)")
+            if "quorum" in record:
+                return keys.Quorum(**record["quorum"])
+
+    def _no_quorum(self) -> CommTimeoutError:
+        return CommTimeoutError(f"replica {self.replica_id}: no quorum took it within {self.join_timeout:g} s "
+                                f"(coordinator {self.host}:{self.port})")
+
+    def _search_quorum(self, deadline: float, until: float) -> Optional[keys.Quorum]:
+        """Read the coordinator's quorums until one takes this replica (None at ``until``)."""
         next_stranded_check = time.monotonic()
-        while time.monotonic() < deadline:
+        while time.monotonic() < min(deadline, until):
             try:
                 if time.monotonic() >= next_stranded_check:
                     next_stranded_check = time.monotonic() + STRANDED_CHECK_SECONDS
@@ -404,13 +484,22 @@ class Manager:
             except CommError as error:
                 self._store_lost(error)
                 continue
-            rank = quorum.rank_of(self.replica_id)
-            if rank is None:
-                continue
-            if self._enter(quorum, rank):
-                return
-        raise CommTimeoutError(f"replica {self.replica_id}: no quorum took it within {self.join_timeout:g} s "
-                               f"(coordinator {self.host}:{self.port})")
+            if quorum.rank_of(self.replica_id) is not None:
+                return quorum
+        return None
+
+    def _from_leader(self, record: Dict[str, Any]) -> Dict[str, Any]:
+        """Local rank 0's ``record`` on every rank of the replica (a small JSON broadcast)."""
+        assert self.local_group is not None
+        data = json.dumps(record).encode() if self.local_rank == 0 else None
+        return json.loads(broadcast_small(self.local_group, data, 0))
+
+    def _worst_over_replica(self, result: Optional[str]) -> Optional[str]:
+        """The worst of the local ranks' step outcomes (see "Replica groups" above)."""
+        assert self.local_group is not None
+        code = np.array([_OUTCOMES.index(result)], np.int64)
+        self.local_group.allreduce(code, op=commlib_ops.ReduceOp.MAX)
+        return _OUTCOMES[int(code[0])]
 
     def _raise_if_stranded(self) -> None:
         """The coordinator found that no live replica holds the job's state: this replica, behind
@@ -425,9 +514,11 @@ class Manager:
         started = time.perf_counter()
         group = None
         try:
+            prefix, name = keys.group_prefix(quorum.epoch), f"ft-e{quorum.epoch}"
+            if self.local_group is not None:  # local rank j's cross-replica group
+                prefix, name = f"{prefix}/{self.local_rank}", f"{name}-l{self.local_rank}"
             group = group_over_store(self._store, rank, len(quorum.members), timeout=self.timeout,
-                                     name=f"ft-e{quorum.epoch}", prefix=keys.group_prefix(quorum.epoch),
-                                     config=self.group_config)
+                                     name=name, prefix=prefix, config=self.group_config)
             if self.slow_replicas is not None and len(quorum.members) >= 3:
                 # Before the catch-up: a joiner that is still slow goes back without a transfer.
                 reason = self._probe(group, quorum.epoch, quorum.members)
@@ -436,6 +527,7 @@ class Manager:
                     self._close_epoch(quorum.epoch, reason)
                     return False
             self.last_catch_up = catch_up(group, self.steps, self._save, self._load, chunk_sent=self._chunk_sent)
+            self._entered_everywhere(quorum.epoch, ok=True)
         except CommError as error:
             self._event("enter-failed", joining=quorum.epoch, error=str(error)[:300])
             if group is not None:
@@ -445,6 +537,8 @@ class Manager:
                                         f"{self.replica_id} could not enter: {error}"[:500])
             except CommError as lost:
                 self._store_lost(lost)
+            if not isinstance(error, _NotEverywhere):
+                self._entered_everywhere(quorum.epoch, ok=False)
             return False
         self.group, self.quorum, self.epoch = group, quorum, quorum.epoch
         self._allreduce_seconds.clear()
@@ -454,6 +548,16 @@ class Manager:
                     catch_up_s=self.last_catch_up.seconds, transfer_s=self.last_catch_up.transfer_seconds,
                     behind=self.last_catch_up.behind)
         return True
+
+    def _entered_everywhere(self, epoch: int, ok: bool) -> None:
+        """A replica of several ranks: whether all its ranks entered ``epoch`` (every rank asks
+        once per attempt, having entered or not); raises :class:`_NotEverywhere` where one did not."""
+        if self.local_group is None:
+            return
+        entered = np.array([int(ok)], np.int64)
+        self.local_group.allreduce(entered, op=commlib_ops.ReduceOp.MIN)
+        if ok and not entered[0]:
+            raise _NotEverywhere(f"replica {self.replica_id}: another of its ranks could not enter epoch {epoch}")
 
     def _chunk_sent(self, index: int) -> None:
         for hook in self.catch_up_hooks:

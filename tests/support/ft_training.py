@@ -9,18 +9,15 @@ recorded ends bitwise where the replay ends.
 
 from __future__ import annotations
 
-import functools
 from typing import List, Tuple
 
 import numpy as np
 import torch
 
-from commlib.algorithms.allreduce.ring import allreduce_ring
-from commlib.ft import Ledger, finish_average
-from commlib.ft.sampling import permutation, share_weight, shares
-from commlib.ops import ReduceOp
-from commlib.transports.inprocess import InProcessWorld
+from commlib.ft import Ledger
+from commlib.ft.sampling import permutation, shares
 from ddp.fault_tolerant import flatten_gradients, pseudo_gradient, unflatten_gradients
+from tests.support.ft_replay import ring_mean, weighted
 
 __all__ = ["DATASET_SIZE", "BATCH_SIZE", "SEED", "build", "optimizer", "inner_optimizer", "outer_optimizer", "loss",
            "replay", "replay_diloco", "sample_counts"]
@@ -70,7 +67,7 @@ def replay(ledger_json: dict) -> List[torch.Tensor]:
             indices = torch.from_numpy(order[record.cursor + share.start:record.cursor + share.stop])
             loss(net(inputs[indices]), targets[indices]).backward()
             flats.append(_weighted(flatten_gradients(params), len(share), record.global_batch, members))
-        unflatten_gradients(params, torch.from_numpy(_mean(flats)))
+        unflatten_gradients(params, torch.from_numpy(ring_mean(flats)))
         opt.step()
     return [p.detach().clone() for p in net.parameters()]
 
@@ -98,7 +95,7 @@ def replay_diloco(ledger_json: dict, sync_every: int) -> List[torch.Tensor]:
                 loss(net(inputs[batch]), targets[batch]).backward()
                 inner.step()
             flats.append(_weighted(pseudo_gradient(start, params), len(share), record.global_batch, members))
-        mean = _mean(flats)
+        mean = ring_mean(flats)
         with torch.no_grad():
             for param, first in zip(params, start):
                 param.copy_(first)
@@ -117,24 +114,7 @@ def _fresh(ledger_json: dict):
 
 
 def _weighted(flat: torch.Tensor, share: int, global_batch: int, members: int) -> np.ndarray:
-    """A member's contribution as its manager scales it (``Manager.allreduce_average``)."""
-    out = flat.numpy().copy()
-    weight = share_weight(share, global_batch, members)
-    if weight != 1.0:
-        np.multiply(out, out.dtype.type(weight), out=out)
-    return out
-
-
-def _mean(flats: List[np.ndarray]) -> np.ndarray:
-    """The members' contributions summed with the ring the replicas run, then divided."""
-    if len(flats) > 1:
-        InProcessWorld(len(flats), timeout=60).run(functools.partial(_ring_sum, flats))
-    finish_average(flats[0], len(flats))
-    return flats[0]
-
-
-def _ring_sum(buffers: List[np.ndarray], transport) -> None:
-    allreduce_ring(transport, buffers[transport.rank], ReduceOp.SUM)
+    return weighted(flat.numpy(), share, global_batch, members)
 
 
 def sample_counts(ledger_json: dict) -> dict:

@@ -9,7 +9,7 @@ import subprocess
 import time
 from typing import Dict, List
 
-__all__ = ["kill_tree", "collect_after_kill"]
+__all__ = ["kill_tree", "stop_tree", "collect_after_kill"]
 
 
 def _descendants(pid: int) -> List[int]:
@@ -52,6 +52,15 @@ def kill_tree(pid: int, stacks: bool = False) -> None:
                 kill(victim, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def stop_tree(pid: int) -> None:
+    """SIGSTOP ``pid`` and every process below it (a hung job: alive, its sockets open, silent)."""
+    for victim in [pid, *_descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _is_python(pid: int) -> bool:
