@@ -59,10 +59,10 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tu
 
 import numpy as np
 
+from commlib import ops as commlib_ops
 from commlib.config import load_config
 from commlib.errors import CommError, CommTimeoutError, InvalidUsageError, JobStateLostError
 from commlib.ft import keys
-from commlib import ops as commlib_ops
 from commlib.ft.catchup import CatchUp, Payload, broadcast_small, catch_up
 from commlib.ft.heartbeat import HeartbeatThread
 from commlib.ft.links import SlowReplicas, probe_links, slowest_member
@@ -92,6 +92,7 @@ LEADER_SLICE_SECONDS = 1.0
 
 class _NotEverywhere(CommError):
     """Another rank of this replica could not enter the epoch (this one did)."""
+
 
 def finish_average(flat: np.ndarray, members: int) -> None:
     """The sum over ``members`` becomes their mean, in place (what a reference replay does too)."""

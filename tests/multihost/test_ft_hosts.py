@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from tests.support.ft_run import Run, Runs, check_run
+from tests.support.ft_run import Run, Runs, check_replica_groups, check_run
 from tests.support.launch import ROOT, kill_tree
 from tests.support.multihost import make_cluster, processes_on_hosts
 
@@ -83,6 +83,40 @@ def test_a_host_cut_off_is_dropped_within_seconds_then_rejoins_and_catches_up(ru
     print(f"h2 cut off -> step {CUT_AT} committed without it {commit - cut:.2f} s later "
           f"(heartbeat timeout {HEARTBEAT_TIMEOUT:g} s); members per step {members}", flush=True)
     assert commit - cut < HEARTBEAT_TIMEOUT + 10.0  # not the group's timeout (30 s in the replicas)
+    run.close()  # the coordinator
+    assert processes_on_hosts(cluster) == {}, "processes left behind on the hosts"
+
+
+def test_a_replica_of_two_ranks_on_a_host_cut_off_is_dropped_and_every_rank_takes_its_block_back(run_factory,
+                                                                                                   cluster):
+    """Each host's replica is an mpiexec job of two ranks (tests/ft/replica_group_ranks.py: a
+    model split by features, the prediction's parts summed over the host's MPI); h2 is cut off
+    as a step starts. The others' two cross-replica groups (one per local rank) are aborted by
+    their own members' watchers when the coordinator closes the epoch; when the link is back,
+    each of h2's ranks rejoins and takes its block from its counterpart. Every rank ends bitwise
+    where the replay of the ledger ends."""
+    run = run_factory(3)
+    run.start_coordinator()
+    for replica in ("r0", "r1", "r2"):
+        run.start_replica_group(replica, STEPS, 2, pauses=[CUT_AT], holds=[RESUME_AT])
+    run.wait_until(lambda: all(run.progress(replica) >= CUT_AT for replica in ("r0", "r1", "r2")),
+                   f"every replica to commit {CUT_AT} steps")
+    _link(cluster, "h2", "down")
+    try:
+        run.gate(CUT_AT).touch()  # step CUT_AT starts with h2 unreachable
+        run.wait_until(lambda: run.progress("r0") >= RESUME_AT and run.progress("r1") >= RESUME_AT,
+                       "r0 and r1 to train on without the host that was cut off")
+        assert run.progress("r2") == CUT_AT, "a replica that could reach nobody committed a step"
+    finally:
+        _link(cluster, "h2", "up")
+    run.wait_until(lambda: run.coordinator_said("join: r2"), "r2 to ask to join again")
+    run.gate(RESUME_AT).touch()
+    members, results = check_replica_groups(run, ["r0", "r1", "r2"], 2)
+    assert members[:CUT_AT] == [3] * CUT_AT and members[CUT_AT] == 2 and members[-1] == 3, members
+    for rank in range(2):  # each cross group was aborted by a member's watcher, not left to its timeout
+        events = {replica: results[replica][rank]["events"] for replica in ("r0", "r1")}
+        assert any("group-aborted" in kinds for kinds in events.values()), f"local rank {rank}: {events}"
+        assert "caught-up" in results["r2"][rank]["events"], results["r2"][rank]["events"]
     run.close()  # the coordinator
     assert processes_on_hosts(cluster) == {}, "processes left behind on the hosts"
 

@@ -1,26 +1,32 @@
 """Fault-tolerant runs for the tests: a coordinator (``python -m commlib.ft.coordinator``) and
-replicas (tests/ft/fault_tolerance_ranks.py), each a process with its output in a file, on this
-host or placed on the hosts of a :class:`commlib.cluster.Cluster`; and every check of a finished
-run (ledgers, commits, samples, bitwise equality with a failure-free replay of the ledger).
+replicas (tests/ft/fault_tolerance_ranks.py; replicas of several ranks: tests/ft/replica_group_ranks.py,
+each its own mpiexec job), each a process with its output in a file, on this host or placed on
+the hosts of a :class:`commlib.cluster.Cluster`; and every check of a finished run (ledgers,
+commits, samples, bitwise equality with a failure-free replay of the ledger).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
 import pytest
 import torch
 
-from tests.support import ft_training
+from tests.support import ft_sharded, ft_training
 from tests.support.launch import ROOT, base_env, free_port, kill_tree
+from tests.support.mpirun import mpiexec_path
 
-__all__ = ["Run", "Runs", "check_run", "check_timeline", "recovery_seconds", "HEARTBEAT_TIMEOUT", "RESTART_GRACE"]
+__all__ = ["Run", "Runs", "check_run", "check_replica_groups", "check_timeline", "recovery_seconds",
+           "HEARTBEAT_TIMEOUT", "RESTART_GRACE"]
 
 REPLICA = ROOT / "tests" / "ft" / "fault_tolerance_ranks.py"
+REPLICA_GROUP = ROOT / "tests" / "ft" / "replica_group_ranks.py"
 HEARTBEAT_TIMEOUT = 4.0
 # A restarted coordinator listens this long before it forms a quorum: the replicas reconnect
 # within a heartbeat interval (0.1 s); one that is later joins at the next step boundary.
@@ -87,6 +93,17 @@ class Run:
             "--progress", str(self.directory / f"{replica}.progress"), "--ready", str(self.ready(replica)),
             "--ballast-mib", str(ballast_mib), *[f"--hold={step}:{self.gate(step)}" for step in holds],
             *[f"--pause={step}:{self.gate(step)}" for step in pauses], *options])
+
+    def start_replica_group(self, replica: str, steps: int, ranks: int, holds: Sequence[int] = (),
+                            pauses: Sequence[int] = ()) -> None:
+        """A replica of ``ranks`` ranks: ``mpiexec -n ranks`` of tests/ft/replica_group_ranks.py
+        (on its host, with a cluster); ``holds`` and ``pauses`` as in :meth:`start_replica`."""
+        self.env.pop("MPI4PY_RC_INITIALIZE", None)  # these replicas are MPI jobs
+        self.processes[replica] = self._start(replica, [
+            mpiexec_path(), "-n", str(ranks), sys.executable, str(REPLICA_GROUP), "--coordinator",
+            f"{self.address}:{self.port}", "--id", replica, "--steps", str(steps), "--out", str(self.directory),
+            *[f"--hold={step}:{self.gate(step)}" for step in holds],
+            *[f"--pause={step}:{self.gate(step)}" for step in pauses]])
 
     def died_at(self, replica: str) -> int:
         """The step count the replica had when it killed itself."""
@@ -241,3 +258,24 @@ def recovery_seconds(run: Run, victim: str, died_at: int, survivor_events: List[
     return min(event["t"] for event in survivor_events if event["kind"] == "commit" and event["step"] >= died_at) - died
 
 
+
+
+def check_replica_groups(run: Run, survivors: List[str], ranks: int) -> tuple:
+    """Wait for the ``survivors`` (replicas of ``ranks`` ranks); check that every rank of each
+    holds the first one's ledger and local rank ``j``'s weights bitwise equal to the replay's
+    block ``j``. Returns the members per committed step and every rank's result."""
+    for replica in survivors:
+        if run.wait(replica) != 0:
+            run.fail(f"{replica} exited with {run.processes[replica].returncode}")
+    results = {replica: [json.loads((run.directory / f"{replica}.{rank}.json").read_text()) for rank in range(ranks)]
+               for replica in survivors}
+    ledger = results[survivors[0]][0]["ledger"]
+    expected = ft_sharded.replay(ledger, ranks)
+    for replica, per_rank in results.items():
+        for rank, result in enumerate(per_rank):
+            assert result["ledger"] == ledger, f"{replica} rank {rank}: another ledger"
+            weights = np.frombuffer(bytes.fromhex(result["weights"]), np.float64)
+            assert weights.tobytes() == expected[rank].tobytes(), (
+                f"{replica} rank {rank}: {weights} vs the replay's {expected[rank]}")
+    assert not np.array_equal(expected[0], expected[1]), "the blocks should differ (else the check shows less)"
+    return [len(step["members"]) for step in ledger["steps"]], results
