@@ -15,7 +15,8 @@ the manager for catch-up, and this module gives the manager its codec: ``torch.s
 ``DistributedDataParallel`` (its reducer, buckets and options), and ``fault_tolerant_ddp`` over
 ours (:class:`ddp.DistributedDataParallel`), each with a communication hook
 (:func:`manager_comm_hook`) that averages the buckets over the quorum. The replica's own torch
-group has one rank (a replica is one process); the step still commits or is discarded at
+group has one rank (a replica is one process, there; ``FaultTolerantDDP`` also runs on a
+replica of several ranks, see ``Manager(local_group=...)``); the step still commits or is discarded at
 ``opt.step()``. The buckets are averaged together when the last one is ready (see
 :class:`ManagerHookState` for why not one by one), so the average does not overlap backward,
 and it is ``FaultTolerantDDP``'s average bit for bit.
@@ -119,6 +120,7 @@ class FaultTolerantDDP(torch.nn.Module):
         if not self.params:
             return
         flat = flatten_gradients(self.params)
+        self.manager.average_over_replica(flat.numpy())  # a replica of several ranks: its own mean first
         self.manager.allreduce_average(flat.numpy(), self.manager.gradient_weight())
         unflatten_gradients(self.params, flat)
 
@@ -216,9 +218,10 @@ def _hooked(caller: str, module: torch.nn.Module, manager, group_size: int, make
     """``make_ddp()`` (a DDP over ``module`` and the replica's group of ``group_size`` ranks), its
     buckets averaged over ``manager``'s quorums by :func:`manager_comm_hook`; ``module``
     registered for catch-up first."""
-    if group_size != 1:
-        raise InvalidUsageError(f"{caller}: the replica's group has {group_size} ranks; a replica is one "
-                                f"process (replica groups of several ranks are not supported yet)")
+    if group_size != 1 or getattr(manager, "local_size", 1) != 1:
+        size = group_size if group_size != 1 else manager.local_size
+        raise InvalidUsageError(f"{caller}: the replica has {size} ranks; its hook averages over a replica of one "
+                                f"process (for replicas of several ranks: FaultTolerantDDP)")
     register_model(manager, module)
     model = make_ddp()
     model.register_comm_hook(ManagerHookState(manager, module), manager_comm_hook)

@@ -229,6 +229,31 @@ class Manager:
         self.start_step()
         return self.ledger.indices(self.rank, len(self.members))
 
+    def local_batch_indices(self) -> np.ndarray:
+        """This rank's part of the replica's share (a replica of several ranks that trains data
+        parallel inside: its ranks split the share in rank order, sizes differing by at most one,
+        maybe empty); the whole share for a replica of one rank."""
+        indices = self.batch_indices()
+        part = shares(len(indices), self.local_size)[self.local_rank]
+        return indices[part.start:part.stop]
+
+    def average_over_replica(self, flat: np.ndarray) -> None:
+        """``flat``, this rank's mean gradient over its :meth:`local_batch_indices` (zeros for an
+        empty part), becomes the replica's mean over its whole share, on every rank of it (each
+        weighted by its part, summed over the local group with the manager's fixed algorithm);
+        nothing for a replica of one rank. Then :meth:`allreduce_average` averages it across
+        replicas. A failure here is the replica's own (its group is its ranks): it is raised."""
+        self.start_step()
+        if self.local_group is None:
+            return
+        share = len(self.batch_indices())
+        part = len(shares(share, self.local_size)[self.local_rank])
+        weight = share_weight(part, share, self.local_size) if share else 0.0
+        if weight != 1.0:
+            np.multiply(flat, flat.dtype.type(weight), out=flat)
+        self.local_group.allreduce(flat, algorithm=self.algorithm)
+        finish_average(flat, self.local_size)
+
     def gradient_weight(self) -> float:
         """What this replica's mean gradient is scaled by before the average (1.0: equal shares)."""
         self.start_step()

@@ -13,6 +13,10 @@ inner steps); ``--torch-ddp`` with torch's DDP and :func:`ddp.manager_comm_hook`
 replicas named by ``--our-ddp-replicas`` with our DDP and that hook (:func:`ddp.fault_tolerant_ddp`).
 ``--probe-every N --slow-below BYTES_PER_S --slow-ratio R`` turns on the search for a slow
 member (:class:`commlib.ft.SlowReplicas`): a link probe every N steps and when an epoch starts.
+``--local`` (under ``mpiexec -n L``): the replica is the job's L ranks, data parallel inside
+(``Manager(local_group=...)``, each rank trains on its part of the replica's share); local rank
+0 writes ``--out``, the others ``--out`` with ``.rank<j>.pt``; only local rank 0 dies at ``--die-at``
+(the job then ends, as mpiexec ends a job one of whose ranks was killed).
 """
 
 import argparse
@@ -24,6 +28,7 @@ import time
 
 import torch
 
+from commlib import InvalidUsageError
 from commlib.ft import Manager, SlowReplicas, keys
 from ddp import FaultTolerantDDP, FaultTolerantDiLoCo, fault_tolerant_ddp, fault_tolerant_torch_ddp
 from tests.support import ft_training
@@ -44,6 +49,7 @@ def main() -> None:
     parser.add_argument("--slow-below", type=float, default=None)
     parser.add_argument("--slow-ratio", type=float, default=0.1)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--local", action="store_true", help="the replica is this mpiexec job's ranks")
     parser.add_argument("--progress", default="")
     parser.add_argument("--ready", default="", help="a file written once the replica is heartbeating")
     parser.add_argument("--hold", action="append", default=[], metavar="STEP:FILE",
@@ -55,8 +61,15 @@ def main() -> None:
     die_step, _, die_point = args.die_at.partition(":")
     die_step = die_step if die_step == "*" else int(die_step) if die_step else -1
 
+    local = None
+    if args.local:
+        import commlib
+
+        local = commlib.init(timeout=60)
+    leader = local is None or local.rank == 0
+
     def maybe_die(point: str) -> None:
-        if die_step in ("*", manager.steps) and point == die_point:
+        if die_step in ("*", manager.steps) and point == die_point and leader:
             print(f"{args.id}: SIGKILL at step {manager.steps} ({point})", flush=True)
             if args.ready:
                 with open(args.ready.replace(".ready", ".died"), "w") as handle:
@@ -68,8 +81,9 @@ def main() -> None:
     slow = None
     if args.probe_every:
         slow = SlowReplicas(every=args.probe_every, below=args.slow_below, ratio=args.slow_ratio)
-    manager = Manager(args.coordinator, args.id, timeout=30.0, heartbeat_interval=0.1, slow_replicas=slow)
-    if args.ready:
+    manager = Manager(args.coordinator, args.id, timeout=30.0, heartbeat_interval=0.1, slow_replicas=slow,
+                      local_group=local)
+    if args.ready and leader:
         open(args.ready, "w").close()
     rounds = max(1, args.diloco)  # a DiLoCo step takes a round's samples: H inner batches
     manager.configure_data(ft_training.DATASET_SIZE, ft_training.BATCH_SIZE * rounds, ft_training.SEED)
@@ -79,6 +93,13 @@ def main() -> None:
         diloco = FaultTolerantDiLoCo(net, manager, inner, ft_training.outer_optimizer(net.parameters()),
                                      sync_every=args.diloco)
     else:
+        if local is not None:  # the DDP hooks average over a replica of one process: refused, by name
+            try:
+                fault_tolerant_torch_ddp(ft_training.build()[0], manager)
+            except InvalidUsageError as error:
+                assert f"has {local.size} ranks" in str(error), error
+            else:
+                raise AssertionError("fault_tolerant_torch_ddp took a replica of several ranks")
         if args.id in args.our_ddp_replicas.split(","):
             model = fault_tolerant_ddp(net, manager)
         else:
@@ -117,22 +138,24 @@ def main() -> None:
             diloco.sync()
         else:
             optimizer.zero_grad()
-            indices = torch.from_numpy(manager.batch_indices())
+            indices = torch.from_numpy(manager.local_batch_indices())
             maybe_die("forward")
-            loss = ft_training.loss(model(inputs[indices]), targets[indices])
-            loss.backward()
+            if len(indices):  # (a rank's part of its replica's share may be empty: its gradient is zeros)
+                loss = ft_training.loss(model(inputs[indices]), targets[indices])
+                loss.backward()
             optimizer.step()
         verbose = os.environ.get("FT_VERBOSE")
         for event in manager.events[shown:]:  # every event with FT_VERBOSE, the probes always
             if verbose or event["kind"].startswith("probe"):
                 print(f"{args.id}: {time.time() - event['t']:.3f} s ago: {event}", flush=True)
         shown = len(manager.events)
-        if args.progress:
+        if args.progress and leader:
             with open(args.progress, "w") as handle:
                 handle.write(str(manager.steps))
-    manager.save_events(args.out.replace(".pt", ".events.json"))
+    out = args.out if leader else args.out.replace(".pt", f".rank{local.rank}.pt")
+    manager.save_events(out.replace(".pt", ".events.json"))
     torch.save({"params": [p.detach().clone() for p in net.parameters()], "ledger": manager.ledger.to_json(),
-                "events": manager.events, "summary": manager.summary()}, args.out)
+                "events": manager.events, "summary": manager.summary()}, out)
     print(f"{args.id}: done at step {manager.steps}: {json.dumps(manager.summary()['members_per_step'])}",
           flush=True)
     started = time.monotonic()

@@ -23,7 +23,8 @@ import time
 import numpy as np
 
 import commlib
-from commlib.ft import Manager, keys
+from commlib import InvalidUsageError
+from commlib.ft import Manager, SlowReplicas, keys
 from tests.support.ft_sharded import BATCH_SIZE, DATASET_SIZE, SEED, Sharded
 
 
@@ -52,6 +53,12 @@ def main() -> None:
     args = parser.parse_args()
     local = commlib.init(timeout=60)
     model = Sharded(local.rank, local.size)
+    try:  # the link probe measures replicas of one rank: refused, by name, before anything connects
+        Manager(args.coordinator, args.id, local_group=local, slow_replicas=SlowReplicas(every=2))
+    except InvalidUsageError as error:
+        assert f"slow_replicas with a local_group of {local.size} ranks" in str(error), error
+    else:
+        raise AssertionError("a Manager took slow_replicas with a local group")
     manager = Manager(args.coordinator, args.id, timeout=30, local_group=local)
     manager.codec = Codec()
     manager.configure_data(DATASET_SIZE, BATCH_SIZE, SEED)

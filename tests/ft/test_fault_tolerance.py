@@ -31,10 +31,11 @@ def run_factory(tmp_path):
 
 
 def scenario_kill_and_join(run_factory, die_step: int, point: str, steps: int = 12, diloco: int = 0,
-                           options: Sequence[str] = ()) -> dict:
+                           options: Sequence[str] = (), ranks: int = 1) -> dict:
     """r1 is SIGKILLed at ``die_step`` (``point``), a fresh r3 joins. With ``diloco=H`` a step is
     a round of H inner steps of ddp.FaultTolerantDiLoCo ("forward": in the middle of them);
-    ``options`` go to every replica."""
+    ``options`` go to every replica; ``ranks`` > 1: replicas of that many ranks (its own mpiexec
+    job each, data parallel inside; r1's local rank 0 is killed, and with it the job)."""
     run = run_factory(3)
     run.start_coordinator()
     options = [*options, *(["--diloco", str(diloco)] if diloco else [])]
@@ -42,13 +43,28 @@ def scenario_kill_and_join(run_factory, die_step: int, point: str, steps: int = 
     # a running job (on a loaded machine a start-up can take longer than the whole run).
     for replica in ("r0", "r1", "r2"):
         run.start_replica(replica, steps, die_at=f"{die_step}:{point}" if replica == "r1" else "",
-                          holds=[die_step + 2], options=options)
+                          holds=[die_step + 2], options=options, ranks=ranks)
     run.wait("r1")
-    run.start_replica("r3", steps, options=options)  # a fresh replica joins once the victim is gone
+    run.start_replica("r3", steps, options=options, ranks=ranks)  # a fresh replica joins once the victim is gone
     run.wait_until(run.ready("r3").exists, "the joiner to start")
     run.gate(die_step + 2).touch()
-    replay = (lambda ledger: ft_training.replay_diloco(ledger, diloco)) if diloco else ft_training.replay
-    return check_run(run, ["r0", "r2", "r3"], steps, {"r1": die_step}, replay)
+    if diloco:
+        return check_run(run, ["r0", "r2", "r3"], steps, {"r1": die_step},
+                         lambda ledger: ft_training.replay_diloco(ledger, diloco))
+    return check_run(run, ["r0", "r2", "r3"], steps, {"r1": die_step},
+                     lambda ledger: ft_training.replay(ledger, local_size=ranks))
+
+
+def test_fault_tolerant_ddp_on_replicas_of_two_ranks_loses_one_and_takes_a_joiner(run_factory):
+    """Data parallel inside each replica too (two ranks, each on its part of the replica's
+    share, averaged inside the replica, then across the quorum): survivors bitwise equal to the
+    replay, and each replica's other rank holds the same parameters as its rank 0."""
+    summary = scenario_kill_and_join(run_factory, 3, "forward", steps=9, ranks=2)
+    assert summary["members_per_step"][:3] == [3, 3, 3], summary
+    for result in run_factory.runs[0].directory.glob("r[023].pt"):
+        ours = torch.load(result, weights_only=False)["params"]
+        theirs = torch.load(result.with_name(result.stem + ".rank1.pt"), weights_only=False)["params"]
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), f"{result.stem}: its ranks differ"
 
 
 def scenario_two_at_once(run_factory, die_step: int, point: str, steps: int = 8) -> dict:

@@ -32,6 +32,7 @@ HEARTBEAT_TIMEOUT = 4.0
 # within a heartbeat interval (0.1 s); one that is later joins at the next step boundary.
 RESTART_GRACE = 2.0
 RUN_TIMEOUT = 150.0
+MPIEXEC_RANK_KILLED = 9  # what mpiexec (hydra) exits with when a rank of its job died of SIGKILL
 
 
 class Run:
@@ -48,6 +49,7 @@ class Run:
         self.cluster, self.hosts = cluster, dict(hosts or {})
         self.heartbeat_timeout = heartbeat_timeout
         self.processes: Dict[str, subprocess.Popen] = {}
+        self.ranks: Dict[str, int] = {}  # of the replicas started by start_replica
         self.coordinator: Optional[subprocess.Popen] = None
         self.run_timeout = run_timeout
         self.deadline = time.monotonic() + run_timeout
@@ -83,12 +85,19 @@ class Run:
         self.coordinator.wait(30)
 
     def start_replica(self, replica: str, steps: int, die_at: str = "", holds: Sequence[int] = (),
-                      ballast_mib: int = 0, pauses: Sequence[int] = (), options: Sequence[str] = ()) -> None:
+                      ballast_mib: int = 0, pauses: Sequence[int] = (), options: Sequence[str] = (),
+                      ranks: int = 1) -> None:
         """``holds``: steps before which the replica waits for :meth:`gate` of that step and for
         its epoch to close (for a joiner, or a restarted coordinator); ``pauses``: for the gate only;
-        ``options``: more of the replica script's flags."""
+        ``options``: more of the replica script's flags. ``ranks`` > 1: a replica of that many
+        ranks, data parallel inside (``mpiexec -n ranks ... --local``)."""
+        launcher: List[str] = []
+        self.ranks[replica] = ranks
+        if ranks > 1:
+            self.env.pop("MPI4PY_RC_INITIALIZE", None)  # an MPI job
+            launcher, options = [mpiexec_path(), "-n", str(ranks)], [*options, "--local"]
         self.processes[replica] = self._start(replica, [
-            sys.executable, str(REPLICA), "--coordinator", f"{self.address}:{self.port}", "--id", replica,
+            *launcher, sys.executable, str(REPLICA), "--coordinator", f"{self.address}:{self.port}", "--id", replica,
             "--steps", str(steps), "--die-at", die_at, "--out", str(self.result_path(replica)),
             "--progress", str(self.directory / f"{replica}.progress"), "--ready", str(self.ready(replica)),
             "--ballast-mib", str(ballast_mib), *[f"--hold={step}:{self.gate(step)}" for step in holds],
@@ -184,8 +193,10 @@ def check_run(run: Run, survivors: List[str], steps: int, victims: Dict[str, int
         if codes[replica] != 0:
             run.fail(f"survivor {replica} exited with {codes[replica]}")
     for replica in victims:
-        if codes[replica] != -9:
-            run.fail(f"victim {replica} exited with {codes[replica]}, expected SIGKILL")
+        # (a replica of several ranks: mpiexec's exit status for a job one of whose ranks was SIGKILLed)
+        killed = -9 if run.ranks.get(replica, 1) == 1 else MPIEXEC_RANK_KILLED
+        if codes[replica] != killed:
+            run.fail(f"victim {replica} exited with {codes[replica]}, expected {killed} (SIGKILL)")
     results = {replica: torch.load(run.result_path(replica), weights_only=False) for replica in survivors}
     first = results[survivors[0]]
     ledger = first["ledger"]

@@ -54,8 +54,10 @@ def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.mse_loss(output, target)
 
 
-def replay(ledger_json: dict) -> List[torch.Tensor]:
-    """The parameters after the ledger's committed steps, trained without failures."""
+def replay(ledger_json: dict, local_size: int = 1) -> List[torch.Tensor]:
+    """The parameters after the ledger's committed steps, trained without failures.
+    ``local_size``: replicas of that many ranks, each training on its part of its replica's
+    share; the parts' gradients averaged inside the replica first (``Manager.average_over_replica``)."""
     ledger, net, inputs, targets, params = _fresh(ledger_json)
     opt = optimizer(net.parameters())
     for record in ledger.steps:
@@ -63,10 +65,16 @@ def replay(ledger_json: dict) -> List[torch.Tensor]:
         order = permutation(ledger.dataset_size, ledger.seed, record.data_epoch)
         flats = []
         for share in shares(record.global_batch, members):
-            opt.zero_grad()
-            indices = torch.from_numpy(order[record.cursor + share.start:record.cursor + share.stop])
-            loss(net(inputs[indices]), targets[indices]).backward()
-            flats.append(_weighted(flatten_gradients(params), len(share), record.global_batch, members))
+            share_indices = order[record.cursor + share.start:record.cursor + share.stop]
+            parts = []
+            for part in shares(len(share), local_size):
+                opt.zero_grad()
+                indices = torch.from_numpy(share_indices[part.start:part.stop])
+                if len(indices):
+                    loss(net(inputs[indices]), targets[indices]).backward()
+                parts.append(_weighted(flatten_gradients(params), len(part), len(share), local_size))
+            replica_mean = ring_mean(parts) if local_size > 1 else parts[0]
+            flats.append(weighted(replica_mean, len(share), record.global_batch, members))
         unflatten_gradients(params, torch.from_numpy(ring_mean(flats)))
         opt.step()
     return [p.detach().clone() for p in net.parameters()]
