@@ -17,7 +17,6 @@ closed; ``--pause STEP:FILE``: until FILE exists.
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
@@ -101,7 +100,6 @@ def main() -> None:
     manager.close()
     print(f"{args.id}.{local.rank}: {manager.steps} steps, members per step "
           f"{[len(record.members) for record in manager.ledger.steps]}", flush=True)
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
