@@ -218,8 +218,8 @@ def _hooked(caller: str, module: torch.nn.Module, manager, group_size: int, make
     """``make_ddp()`` (a DDP over ``module`` and the replica's group of ``group_size`` ranks), its
     buckets averaged over ``manager``'s quorums by :func:`manager_comm_hook`; ``module``
     registered for catch-up first."""
-    if group_size != 1 or getattr(manager, "local_size", 1) != 1:
-        size = group_size if group_size != 1 else manager.local_size
+    size = max(group_size, manager.local_size)
+    if size != 1:
         raise InvalidUsageError(f"{caller}: the replica has {size} ranks; its hook averages over a replica of one "
                                 f"process (for replicas of several ranks: FaultTolerantDDP)")
     register_model(manager, module)

@@ -59,7 +59,6 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tu
 
 import numpy as np
 
-from commlib import ops as commlib_ops
 from commlib.config import load_config
 from commlib.errors import CommError, CommTimeoutError, InvalidUsageError, JobStateLostError
 from commlib.ft import keys
@@ -67,6 +66,7 @@ from commlib.ft.catchup import CatchUp, Payload, broadcast_small, catch_up
 from commlib.ft.heartbeat import HeartbeatThread
 from commlib.ft.links import SlowReplicas, probe_links, slowest_member
 from commlib.ft.sampling import Ledger, share_weight, shares
+from commlib.ops import ReduceOp
 from commlib.rendezvous.secret import JobSecret
 from commlib.rendezvous.tcp_store import TCPStore
 from commlib.runtime import group_over_store
@@ -246,9 +246,10 @@ class Manager:
         self.start_step()
         if self.local_group is None:
             return
-        share = len(self.batch_indices())
-        part = len(shares(share, self.local_size)[self.local_rank])
-        weight = share_weight(part, share, self.local_size) if share else 0.0
+        weight = 1.0  # without sample accounting: the plain mean of the ranks
+        if self.ledger.configured:
+            share = self._share_size()
+            weight = share_weight(len(shares(share, self.local_size)[self.local_rank]), share, self.local_size)
         if weight != 1.0:
             np.multiply(flat, flat.dtype.type(weight), out=flat)
         self.local_group.allreduce(flat, algorithm=self.algorithm)
@@ -259,9 +260,12 @@ class Manager:
         self.start_step()
         if not self.ledger.configured:
             return 1.0
+        return share_weight(self._share_size(), self.ledger.plan(len(self.members)), len(self.members))
+
+    def _share_size(self) -> int:
+        """How many samples this replica's share of the step in progress holds (no permutation drawn)."""
         members = len(self.members)
-        global_batch = self.ledger.plan(members)
-        return share_weight(len(shares(global_batch, members)[self.rank]), global_batch, members)
+        return len(shares(self.ledger.plan(members), members)[self.rank])
 
     def optimizer(self, optim):
         """``optim`` wrapped: ``zero_grad`` starts a step, ``step`` commits it or discards it."""
@@ -524,7 +528,7 @@ class Manager:
         """The worst of the local ranks' step outcomes (see "Replica groups" above)."""
         assert self.local_group is not None
         code = np.array([_OUTCOMES.index(result)], np.int64)
-        self.local_group.allreduce(code, op=commlib_ops.ReduceOp.MAX)
+        self.local_group.allreduce(code, op=ReduceOp.MAX)
         return _OUTCOMES[int(code[0])]
 
     def _raise_if_stranded(self) -> None:
@@ -581,7 +585,7 @@ class Manager:
         if self.local_group is None:
             return
         entered = np.array([int(ok)], np.int64)
-        self.local_group.allreduce(entered, op=commlib_ops.ReduceOp.MIN)
+        self.local_group.allreduce(entered, op=ReduceOp.MIN)
         if ok and not entered[0]:
             raise _NotEverywhere(f"replica {self.replica_id}: another of its ranks could not enter epoch {epoch}")
 
