@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.ft_run import Runs, check_replica_groups
+from tests.support.ft_run import Runs, assert_each_cross_group_aborted, check_replica_groups
 from tests.support.processes import kill_tree, stop_tree
 
 RANKS = 2
@@ -65,8 +65,5 @@ def test_a_hung_replica_of_two_ranks_is_dropped_by_every_rank_of_the_others(runs
     finally:
         kill_tree(run.processes["r1"].pid)
     assert members == [3] * hung_at + [2] * (steps - hung_at), members
-    for rank in range(RANKS):  # cross group ``rank`` (local rank 1's: only non-leaders): one member aborted it
-        # (then its abort reaches the others; a member that timed out instead would have no such event)
-        events = {replica: results[replica][rank]["events"] for replica in ("r0", "r2")}
-        assert any("group-aborted" in kinds for kinds in events.values()), f"local rank {rank}: {events}"
+    assert_each_cross_group_aborted(results, ["r0", "r2"], RANKS)
     assert run.coordinator_said("lost r1 (no heartbeat"), run.logs()

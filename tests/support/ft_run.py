@@ -22,8 +22,8 @@ from tests.support import ft_sharded, ft_training
 from tests.support.launch import ROOT, base_env, free_port, kill_tree
 from tests.support.mpirun import mpiexec_path
 
-__all__ = ["Run", "Runs", "check_run", "check_replica_groups", "check_timeline", "recovery_seconds",
-           "HEARTBEAT_TIMEOUT", "RESTART_GRACE"]
+__all__ = ["Run", "Runs", "check_run", "check_replica_groups", "assert_each_cross_group_aborted", "check_timeline",
+           "recovery_seconds", "HEARTBEAT_TIMEOUT", "RESTART_GRACE"]
 
 REPLICA = ROOT / "tests" / "ft" / "fault_tolerance_ranks.py"
 REPLICA_GROUP = ROOT / "tests" / "ft" / "replica_group_ranks.py"
@@ -91,11 +91,10 @@ class Run:
         its epoch to close (for a joiner, or a restarted coordinator); ``pauses``: for the gate only;
         ``options``: more of the replica script's flags. ``ranks`` > 1: a replica of that many
         ranks, data parallel inside (``mpiexec -n ranks ... --local``)."""
-        launcher: List[str] = []
         self.ranks[replica] = ranks
+        launcher = self._mpiexec(ranks) if ranks > 1 else []
         if ranks > 1:
-            self.env.pop("MPI4PY_RC_INITIALIZE", None)  # an MPI job
-            launcher, options = [mpiexec_path(), "-n", str(ranks)], [*options, "--local"]
+            options = [*options, "--local"]
         self.processes[replica] = self._start(replica, [
             *launcher, sys.executable, str(REPLICA), "--coordinator", f"{self.address}:{self.port}", "--id", replica,
             "--steps", str(steps), "--die-at", die_at, "--out", str(self.result_path(replica)),
@@ -107,12 +106,16 @@ class Run:
                             pauses: Sequence[int] = ()) -> None:
         """A replica of ``ranks`` ranks: ``mpiexec -n ranks`` of tests/ft/replica_group_ranks.py
         (on its host, with a cluster); ``holds`` and ``pauses`` as in :meth:`start_replica`."""
-        self.env.pop("MPI4PY_RC_INITIALIZE", None)  # these replicas are MPI jobs
         self.processes[replica] = self._start(replica, [
-            mpiexec_path(), "-n", str(ranks), sys.executable, str(REPLICA_GROUP), "--coordinator",
+            *self._mpiexec(ranks), sys.executable, str(REPLICA_GROUP), "--coordinator",
             f"{self.address}:{self.port}", "--id", replica, "--steps", str(steps), "--out", str(self.directory),
             *[f"--hold={step}:{self.gate(step)}" for step in holds],
             *[f"--pause={step}:{self.gate(step)}" for step in pauses]])
+
+    def _mpiexec(self, ranks: int) -> List[str]:
+        """The launcher of a replica of several ranks (an MPI job: MPI starts with it)."""
+        self.env.pop("MPI4PY_RC_INITIALIZE", None)
+        return [mpiexec_path(), "-n", str(ranks)]
 
     def died_at(self, replica: str) -> int:
         """The step count the replica had when it killed itself."""
@@ -290,3 +293,12 @@ def check_replica_groups(run: Run, survivors: List[str], ranks: int) -> tuple:
                 f"{replica} rank {rank}: {weights} vs the replay's {expected[rank]}")
     assert not np.array_equal(expected[0], expected[1]), "the blocks should differ (else the check shows less)"
     return [len(step["members"]) for step in ledger["steps"]], results
+
+
+def assert_each_cross_group_aborted(results: dict, replicas: List[str], ranks: int) -> None:
+    """In each cross-replica group (local rank ``j`` of ``replicas``; for ``j`` > 0 none of them a
+    leader) some member aborted the group when the coordinator closed the epoch as lost (its
+    abort then reaches the others): a group left to its timeout has no such event."""
+    for rank in range(ranks):
+        events = {replica: results[replica][rank]["events"] for replica in replicas}
+        assert any("group-aborted" in kinds for kinds in events.values()), f"local rank {rank}: {events}"
