@@ -24,7 +24,7 @@ for _stream in (sys.stdout, sys.stderr):
 # A hung job is killed by the tests (tests/support/processes.py, kill_tree); just before, they send
 # SIGUSR1, and every Python process of the job writes where each of its threads is. A process
 # that crashes (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL) writes the same before it dies: a
-# "Segmentation fault (signal 11)" from mpiexec alone says nothing of where (one CI run so).
+# "Segmentation fault (signal 11)" from mpiexec alone says nothing of where.
 if sys.stderr is not None:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
