@@ -14,12 +14,16 @@ the manager for catch-up, and this module gives the manager its codec: ``torch.s
 ``fault_tolerant_torch_ddp(module, manager)`` is the same over torch's own
 ``DistributedDataParallel`` (its reducer, buckets and options), and ``fault_tolerant_ddp`` over
 ours (:class:`ddp.DistributedDataParallel`), each with a communication hook
-(:func:`manager_comm_hook`) that averages the buckets over the quorum. The replica's own torch
-group has one rank (a replica is one process, there; ``FaultTolerantDDP`` also runs on a
-replica of several ranks, see ``Manager(local_group=...)``); the step still commits or is discarded at
-``opt.step()``. The buckets are averaged together when the last one is ready (see
-:class:`ManagerHookState` for why not one by one), so the average does not overlap backward,
-and it is ``FaultTolerantDDP``'s average bit for bit.
+(:func:`manager_comm_hook`) that averages the buckets over the quorum; the step still commits or
+is discarded at ``opt.step()``. The DDP's group is the replica's own ranks: one process, or the
+ranks of a replica of several (``Manager(local_group=...)``, data parallel inside, each rank on
+its :meth:`~commlib.ft.Manager.local_batch_indices`), whose gradients the hook averages over the
+replica first, as ``FaultTolerantDDP`` does. The buckets are averaged together when the last one
+is ready (see :class:`ManagerHookState` for why not one by one), so the average does not overlap
+backward, and it is ``FaultTolerantDDP``'s average bit for bit. With a hook every rank of a
+replica must run backward each step, also one whose part of the share is empty (a loss of
+zero over its empty batch, e.g. ``model(batch).sum()``): torch's DDP and ours call the hook from
+backward, and the replica's average waits for every rank.
 
 ``FaultTolerantDiLoCo`` is the low-communication counterpart: one fault-tolerant step is one
 outer round of DiLoCo (``sync_every`` inner steps on the replica's own data, then one average of
@@ -42,6 +46,7 @@ import torch.distributed
 
 import commlib
 from commlib.errors import InvalidUsageError
+from commlib.ft.sampling import shares
 from ddp.distributed import DistributedDataParallel as OurDistributedDataParallel
 
 __all__ = ["FaultTolerantDDP", "FaultTolerantDiLoCo", "fault_tolerant_torch_ddp", "fault_tolerant_ddp",
@@ -172,6 +177,7 @@ def manager_comm_hook(state, bucket):
             offset += param.numel()
     slices.sort(key=lambda item: item[0])
     flat = torch.cat([gradient for _, gradient in slices])
+    state.manager.average_over_replica(flat.numpy())  # a replica of several ranks: its own mean first
     state.manager.allreduce_average(flat.numpy(), state.manager.gradient_weight())
     offset = 0
     for _, gradient in slices:
@@ -185,14 +191,21 @@ def manager_comm_hook(state, bucket):
 def fault_tolerant_torch_ddp(module: torch.nn.Module, manager, process_group=None, **ddp_options):
     """torch's ``DistributedDataParallel`` over ``module``, averaged over ``manager``'s quorums by
     :func:`manager_comm_hook` (see the module docstring). ``process_group``: the replica's own
-    torch group, of one rank; without one, the default group, made (one rank, gloo, an in-memory
-    store) when torch.distributed is not initialized. ``ddp_options`` go to torch's DDP."""
+    torch group (its ranks, as many as the manager's local group); without one, the default
+    group, made (one rank, gloo, an in-memory store) when torch.distributed is not initialized
+    and the replica is one process. A replica of several ranks brings its own (under mpiexec,
+    e.g. :func:`autograd_bridge.backend.init_process_group`). ``ddp_options`` go to torch's DDP."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"fault_tolerant_torch_ddp: expected a torch.nn.Module, got {type(module).__name__}")
     if process_group is None and not dist.is_initialized():
+        if manager.local_size > 1:
+            raise InvalidUsageError(f"fault_tolerant_torch_ddp: the replica has {manager.local_size} ranks and "
+                                    f"torch.distributed is not initialized: pass process_group=, a torch group "
+                                    f"of the replica's ranks, or initialize the default group over them (under "
+                                    f"mpiexec: autograd_bridge.backend.init_process_group())")
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return _hooked("fault_tolerant_torch_ddp", module, manager, dist.get_world_size(process_group),
                    lambda: DistributedDataParallel(module, process_group=process_group, **ddp_options))
@@ -202,13 +215,14 @@ def fault_tolerant_ddp(module: torch.nn.Module, manager, process_group=None, **d
     """Our :class:`ddp.DistributedDataParallel` (its buckets, hooks, statistics and tracing) over
     ``module``, averaged over ``manager``'s quorums by :func:`manager_comm_hook`, as
     :func:`fault_tolerant_torch_ddp` does with torch's; the same average, bit for bit.
-    ``process_group``: the replica's own commlib group, of one rank; without one, the default
-    group, made (one rank, over an in-memory store) when commlib is not initialized.
-    ``ddp_options`` go to our DDP."""
+    ``process_group``: the replica's own commlib group (its ranks); without one, the manager's
+    local group for a replica of several ranks, else the default group, made (one rank, over an
+    in-memory store) when commlib is not initialized. ``ddp_options`` go to our DDP."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"fault_tolerant_ddp: expected a torch.nn.Module, got {type(module).__name__}")
     if process_group is None:
-        process_group = (commlib.world() if commlib.is_initialized()
+        process_group = (manager.local_group if manager.local_group is not None
+                         else commlib.world() if commlib.is_initialized()
                          else commlib.init(store=torch.distributed.HashStore(), rank=0, world_size=1))
     return _hooked("fault_tolerant_ddp", module, manager, process_group.size,
                    lambda: OurDistributedDataParallel(module, process_group=process_group, **ddp_options))
@@ -218,10 +232,12 @@ def _hooked(caller: str, module: torch.nn.Module, manager, group_size: int, make
     """``make_ddp()`` (a DDP over ``module`` and the replica's group of ``group_size`` ranks), its
     buckets averaged over ``manager``'s quorums by :func:`manager_comm_hook`; ``module``
     registered for catch-up first."""
-    size = max(group_size, manager.local_size)
-    if size != 1:
-        raise InvalidUsageError(f"{caller}: the replica has {size} ranks; its hook averages over a replica of one "
-                                f"process (for replicas of several ranks: FaultTolerantDDP)")
+    if group_size != manager.local_size:
+        # A DDP over other ranks than the replica's would average with ranks the manager does
+        # not count (or leave some of the replica's out): refused before anything is sent.
+        ranks = f"{group_size} rank" + ("" if group_size == 1 else "s")
+        raise InvalidUsageError(f"{caller}: the DDP's group has {ranks} but the replica has {manager.local_size} "
+                                f"(the manager's local_group): the DDP must run over the replica's own ranks")
     register_model(manager, module)
     model = make_ddp()
     model.register_comm_hook(ManagerHookState(manager, module), manager_comm_hook)
@@ -247,6 +263,14 @@ class FaultTolerantDiLoCo:
     same parameters). A discarded round puts the parameters and the inner optimizer back where
     the round started. The inner optimizer's state stays local, as in the paper; a joiner takes
     its source's with the parameters and the outer optimizer's state.
+
+    A replica of several ranks (``Manager(local_group=...)``) trains data parallel inside, the
+    loop unchanged: each inner batch is split over its ranks (in rank order, sizes differing by
+    at most one), ``round()`` gives this rank its parts, and before each ``inner.step()`` (a step
+    pre-hook on the inner optimizer) the gradients become the replica's mean over the whole
+    inner batch (:meth:`commlib.ft.Manager.replica_mean`), so the replica's ranks keep equal
+    parameters. A part may be empty (an inner batch smaller than the replica): skip its
+    backward, but call ``inner.step()`` like the others (the average is collective).
     """
 
     def __init__(self, module: torch.nn.Module, manager, inner_optimizer: torch.optim.Optimizer,
@@ -262,6 +286,10 @@ class FaultTolerantDiLoCo:
         self._start: List[torch.Tensor] = []
         self._inner_start: dict = {}
         self._open = False
+        self._parts: List[tuple] = []  # a replica of several ranks: (part, inner batch) per inner step
+        self._inner_steps = 0
+        if manager.local_size > 1:
+            inner_optimizer.register_step_pre_hook(lambda optimizer, args, kwargs: self._average_inner())
         register_model(manager, module)
         manager.register_state("inner", inner_optimizer.state_dict, inner_optimizer.load_state_dict)
         manager.register_state("outer", outer_optimizer.state_dict, outer_optimizer.load_state_dict)
@@ -274,12 +302,40 @@ class FaultTolerantDiLoCo:
         self._inner_start = copy.deepcopy(self.inner.state_dict())
         self._open = True
         indices = self.manager.batch_indices()
-        return [chunk for chunk in np.array_split(indices, self.sync_every) if chunk.size]
+        chunks = [chunk for chunk in np.array_split(indices, self.sync_every) if chunk.size]
+        if self.manager.local_size == 1:
+            return chunks
+        self._inner_steps = 0
+        parts = [chunk[part.start:part.stop] for chunk in chunks
+                 for part in [shares(len(chunk), self.manager.local_size)[self.manager.local_rank]]]
+        self._parts = [(len(part), len(chunk)) for part, chunk in zip(parts, chunks)]
+        return parts
+
+    def _average_inner(self) -> None:
+        """Before an inner step of a replica of several ranks: every gradient becomes the
+        replica's mean over the inner batch (see the class docstring)."""
+        if not self._open:
+            raise InvalidUsageError(f"FaultTolerantDiLoCo: inner.step() outside a round on a replica of "
+                                    f"{self.manager.local_size} ranks (its gradients are averaged over the replica "
+                                    f"inside a round only: call round() first)")
+        if self._inner_steps >= len(self._parts):
+            raise InvalidUsageError(f"FaultTolerantDiLoCo: inner step {self._inner_steps + 1} of a round of "
+                                    f"{len(self._parts)} inner batches on a replica of {self.manager.local_size} "
+                                    f"ranks (one inner.step() per batch that round() gave, inside a round)")
+        part, whole = self._parts[self._inner_steps]
+        self._inner_steps += 1
+        flat = flatten_gradients(self.params)
+        self.manager.replica_mean(flat.numpy(), part, whole)
+        unflatten_gradients(self.params, flat)
 
     def sync(self) -> bool:
         """End the round: average, vote, and apply the outer step or go back (see the class)."""
         if not self._open:
             raise InvalidUsageError("FaultTolerantDiLoCo.sync: no round is open (call round() first)")
+        if self._inner_steps != len(self._parts):
+            raise InvalidUsageError(f"FaultTolerantDiLoCo.sync: {self._inner_steps} inner steps of the round's "
+                                    f"{len(self._parts)} on a replica of {self.manager.local_size} ranks (every "
+                                    f"rank steps once per inner batch, also on an empty part)")
         delta = pseudo_gradient(self._start, self.params)
         self.manager.allreduce_average(delta.numpy(), self.manager.gradient_weight())
         committed = self.manager.should_commit()
@@ -295,7 +351,7 @@ class FaultTolerantDiLoCo:
                 param.grad = None
         else:
             self.inner.load_state_dict(self._inner_start)
-        self._start, self._open = [], False
+        self._start, self._open, self._parts, self._inner_steps = [], False, [], 0
         return committed
 
 

@@ -246,10 +246,21 @@ class Manager:
         self.start_step()
         if self.local_group is None:
             return
-        weight = 1.0  # without sample accounting: the plain mean of the ranks
-        if self.ledger.configured:
-            share = self._share_size()
-            weight = share_weight(len(shares(share, self.local_size)[self.local_rank]), share, self.local_size)
+        if not self.ledger.configured:  # without sample accounting: the plain mean of the ranks
+            self.replica_mean(flat, 1, self.local_size)
+            return
+        share = self._share_size()
+        self.replica_mean(flat, len(shares(share, self.local_size)[self.local_rank]), share)
+
+    def replica_mean(self, flat: np.ndarray, part: int, whole: int) -> None:
+        """``flat``, this rank's mean gradient over ``part`` of a batch of ``whole`` samples split
+        over the replica's ranks (:func:`~commlib.ft.sampling.shares`, in rank order), becomes the
+        mean over the whole batch on every rank of the replica: weighted by ``part``, summed over
+        the local group with the manager's fixed algorithm (the bits a replay gets). Nothing for a
+        replica of one rank. A failure is the replica's own: it is raised."""
+        if self.local_group is None:
+            return
+        weight = share_weight(part, whole, self.local_size) if whole else 0.0
         if weight != 1.0:
             np.multiply(flat, flat.dtype.type(weight), out=flat)
         self.local_group.allreduce(flat, algorithm=self.algorithm)

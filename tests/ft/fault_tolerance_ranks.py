@@ -9,12 +9,15 @@ second chunk of its state to a joiner; STEP ``*``: any step), and it writes its 
 parameters, ledger and events to ``--out``. ``--ballast-mib N`` adds N MiB to the state a
 joiner takes (every replica of a run must give the same N), so that a catch-up has chunks.
 ``--diloco H`` trains with :class:`ddp.FaultTolerantDiLoCo` instead (a step is a round of H
-inner steps); ``--torch-ddp`` with torch's DDP and :func:`ddp.manager_comm_hook`, and the
-replicas named by ``--our-ddp-replicas`` with our DDP and that hook (:func:`ddp.fault_tolerant_ddp`).
+inner steps); ``--torch-ddp`` with torch's DDP and :func:`ddp.manager_comm_hook` (or only the
+replicas named by ``--torch-ddp-replicas``), and the replicas named by ``--our-ddp-replicas``
+with our DDP and that hook (:func:`ddp.fault_tolerant_ddp`). ``--batch-size``: samples per replica
+per step (default ``ft_training.BATCH_SIZE``).
 ``--probe-every N --slow-below BYTES_PER_S --slow-ratio R`` turns on the search for a slow
 member (:class:`commlib.ft.SlowReplicas`): a link probe every N steps and when an epoch starts.
 ``--local`` (under ``mpiexec -n L``): the replica is the job's L ranks, data parallel inside
-(``Manager(local_group=...)``, each rank trains on its part of the replica's share); local rank
+(``Manager(local_group=...)``, each rank trains on its part of the replica's share; torch's DDP
+over the "commlib" backend's default group, which is the job's ranks); local rank
 0 writes ``--out``, the others ``--out`` with ``.rank<j>.pt``; only local rank 0 dies at ``--die-at``
 (the job then ends, as mpiexec ends a job one of whose ranks was killed).
 """
@@ -43,6 +46,9 @@ def main() -> None:
     parser.add_argument("--ballast-mib", type=int, default=0)
     parser.add_argument("--diloco", type=int, default=0, metavar="H")
     parser.add_argument("--torch-ddp", action="store_true", help="torch's DDP with ddp.manager_comm_hook")
+    parser.add_argument("--torch-ddp-replicas", default="", metavar="ID,ID",
+                        help="these replicas train with torch's DDP and ddp.manager_comm_hook")
+    parser.add_argument("--batch-size", type=int, default=ft_training.BATCH_SIZE)
     parser.add_argument("--our-ddp-replicas", default="", metavar="ID,ID",
                         help="these replicas train with our DDP and the same hook (ddp.fault_tolerant_ddp)")
     parser.add_argument("--probe-every", type=int, default=0)
@@ -86,24 +92,27 @@ def main() -> None:
     if args.ready and leader:
         open(args.ready, "w").close()
     rounds = max(1, args.diloco)  # a DiLoCo step takes a round's samples: H inner batches
-    manager.configure_data(ft_training.DATASET_SIZE, ft_training.BATCH_SIZE * rounds, ft_training.SEED)
+    manager.configure_data(ft_training.DATASET_SIZE, args.batch_size * rounds, ft_training.SEED)
     net, inputs, targets = ft_training.build()
     if args.diloco:
         inner = ft_training.inner_optimizer(net.parameters())
         diloco = FaultTolerantDiLoCo(net, manager, inner, ft_training.outer_optimizer(net.parameters()),
                                      sync_every=args.diloco)
     else:
-        if local is not None:  # the DDP hooks average over a replica of one process: refused, by name
-            try:
-                fault_tolerant_torch_ddp(ft_training.build()[0], manager)
-            except InvalidUsageError as error:
-                assert f"has {local.size} ranks" in str(error), error
-            else:
-                raise AssertionError("fault_tolerant_torch_ddp took a replica of several ranks")
+        torch_ddp = args.torch_ddp or args.id in args.torch_ddp_replicas.split(",")
         if args.id in args.our_ddp_replicas.split(","):
+            if local is not None:
+                check_our_ddp_needs_the_replicas_ranks(manager, local)
             model = fault_tolerant_ddp(net, manager)
+        elif torch_ddp:
+            if local is not None:
+                check_torch_ddp_needs_the_replicas_group(manager, local.size)
+                import autograd_bridge.backend
+
+                autograd_bridge.backend.init_process_group()  # torch's default group: this job's ranks
+            model = fault_tolerant_torch_ddp(net, manager)
         else:
-            model = fault_tolerant_torch_ddp(net, manager) if args.torch_ddp else FaultTolerantDDP(net, manager)
+            model = FaultTolerantDDP(net, manager)
         optimizer = manager.optimizer(ft_training.optimizer(model.parameters()))
     if die_point == "allreduce":
         manager.gradient_hooks.append(lambda: maybe_die("allreduce"))
@@ -133,16 +142,19 @@ def main() -> None:
                     maybe_die("forward")  # in the middle of the round's inner steps
                 inner.zero_grad()
                 batch = torch.from_numpy(chunk)
-                ft_training.loss(net(inputs[batch]), targets[batch]).backward()
+                if len(batch):  # (a rank's part of an inner batch may be empty: it steps all the same)
+                    ft_training.loss(net(inputs[batch]), targets[batch]).backward()
                 inner.step()
             diloco.sync()
         else:
             optimizer.zero_grad()
             indices = torch.from_numpy(manager.local_batch_indices())
             maybe_die("forward")
-            if len(indices):  # (a rank's part of its replica's share may be empty: its gradient is zeros)
-                loss = ft_training.loss(model(inputs[indices]), targets[indices])
-                loss.backward()
+            output = model(inputs[indices])
+            # A rank's part of its replica's share may be empty: its gradient is zeros, and it
+            # runs backward all the same (the DDP hooks average over the replica from there).
+            loss = ft_training.loss(output, targets[indices]) if len(indices) else output.sum()
+            loss.backward()
             optimizer.step()
         verbose = os.environ.get("FT_VERBOSE")
         for event in manager.events[shown:]:  # every event with FT_VERBOSE, the probes always
@@ -152,6 +164,8 @@ def main() -> None:
         if args.progress and leader:
             with open(args.progress, "w") as handle:
                 handle.write(str(manager.steps))
+    if args.diloco and local is not None:
+        check_diloco_counts_the_inner_steps(inner)
     out = args.out if leader else args.out.replace(".pt", f".rank{local.rank}.pt")
     manager.save_events(out.replace(".pt", ".events.json"))
     torch.save({"params": [p.detach().clone() for p in net.parameters()], "ledger": manager.ledger.to_json(),
@@ -163,6 +177,45 @@ def main() -> None:
     if os.environ.get("FT_VERBOSE"):
         print(f"{args.id}: closed in {time.monotonic() - started:.2f} s", flush=True)
     sys.exit(0)
+
+
+def check_torch_ddp_needs_the_replicas_group(manager: Manager, ranks: int) -> None:
+    """Before torch.distributed is initialized, torch's DDP on a replica of several ranks is
+    refused by name (its one-rank default group would leave the replica's other ranks out)."""
+    try:
+        fault_tolerant_torch_ddp(ft_training.build()[0], manager)
+    except InvalidUsageError as error:
+        assert f"the replica has {ranks} ranks and torch.distributed is not initialized" in str(error), error
+    else:
+        raise AssertionError("fault_tolerant_torch_ddp made a group of one rank for a replica of several")
+
+
+def check_diloco_counts_the_inner_steps(inner) -> None:
+    """On a replica of several ranks an inner step outside a round is refused by name before it
+    averages anything (the replica's ranks would otherwise wait on each other's extra step)."""
+    try:
+        inner.step()
+    except InvalidUsageError as error:
+        assert "FaultTolerantDiLoCo: inner.step() outside a round on a replica of 2 ranks" in str(error), error
+    else:
+        raise AssertionError("an inner step outside a round was taken")
+
+
+def check_our_ddp_needs_the_replicas_ranks(manager: Manager, local) -> None:
+    """Our DDP over a group that is not the replica's ranks (here: local rank 0 alone) is refused
+    by name, and registers nothing for catch-up."""
+    alone = local.new_group([0])  # collective: every rank of the replica calls it
+    if alone is None:
+        return
+    registered = dict(manager.states)
+    try:
+        fault_tolerant_ddp(ft_training.build()[0], manager, process_group=alone)
+    except InvalidUsageError as error:
+        assert f"the DDP's group has 1 rank but the replica has {local.size}" in str(error), error
+    else:
+        raise AssertionError("fault_tolerant_ddp took a group of one rank of a replica of several")
+    assert manager.states == registered, "a refused DDP registered its model for catch-up"
+    alone.close()
 
 
 if __name__ == "__main__":

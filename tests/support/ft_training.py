@@ -66,24 +66,19 @@ def replay(ledger_json: dict, local_size: int = 1) -> List[torch.Tensor]:
         flats = []
         for share in shares(record.global_batch, members):
             share_indices = order[record.cursor + share.start:record.cursor + share.stop]
-            parts = []
-            for part in shares(len(share), local_size):
-                opt.zero_grad()
-                indices = torch.from_numpy(share_indices[part.start:part.stop])
-                if len(indices):
-                    loss(net(inputs[indices]), targets[indices]).backward()
-                parts.append(_weighted(flatten_gradients(params), len(part), len(share), local_size))
-            replica_mean = ring_mean(parts) if local_size > 1 else parts[0]
+            replica_mean = _replica_mean(net, inputs, targets, params, share_indices, local_size)
             flats.append(weighted(replica_mean, len(share), record.global_batch, members))
         unflatten_gradients(params, torch.from_numpy(ring_mean(flats)))
         opt.step()
     return [p.detach().clone() for p in net.parameters()]
 
 
-def replay_diloco(ledger_json: dict, sync_every: int) -> List[torch.Tensor]:
+def replay_diloco(ledger_json: dict, sync_every: int, local_size: int = 1) -> List[torch.Tensor]:
     """The parameters after the ledger's committed DiLoCo rounds (``sync_every`` inner steps
     each), trained without failures: each member's share from the round's start, their
-    pseudo-gradients averaged with the ring, the outer step (as ddp.FaultTolerantDiLoCo does)."""
+    pseudo-gradients averaged with the ring, the outer step (as ddp.FaultTolerantDiLoCo does).
+    ``local_size``: replicas of that many ranks, each inner batch split over them, their
+    gradients averaged inside the replica before each inner step (``Manager.replica_mean``)."""
     ledger, net, inputs, targets, params = _fresh(ledger_json)
     outer = outer_optimizer(net.parameters())
     for record in ledger.steps:
@@ -98,9 +93,8 @@ def replay_diloco(ledger_json: dict, sync_every: int) -> List[torch.Tensor]:
             inner = inner_optimizer(net.parameters())
             indices = order[record.cursor + share.start:record.cursor + share.stop]
             for chunk in [chunk for chunk in np.array_split(indices, sync_every) if chunk.size]:
-                inner.zero_grad()
-                batch = torch.from_numpy(chunk)
-                loss(net(inputs[batch]), targets[batch]).backward()
+                gradient = _replica_mean(net, inputs, targets, params, chunk, local_size)
+                unflatten_gradients(params, torch.from_numpy(gradient))
                 inner.step()
             flats.append(_weighted(pseudo_gradient(start, params), len(share), record.global_batch, members))
         mean = ring_mean(flats)
@@ -112,6 +106,20 @@ def replay_diloco(ledger_json: dict, sync_every: int) -> List[torch.Tensor]:
         unflatten_gradients(params, torch.from_numpy(mean))
         outer.step()
     return [p.detach().clone() for p in net.parameters()]
+
+
+def _replica_mean(net, inputs, targets, params, batch: np.ndarray, local_size: int) -> np.ndarray:
+    """The mean gradient over ``batch`` of a replica of ``local_size`` ranks, as its managers
+    compute it: ``batch`` split over the ranks, each part's mean gradient (zeros for an empty
+    one) weighted by its size, summed with the ring, divided (one rank: the batch's gradient)."""
+    parts = []
+    for part in shares(len(batch), local_size):
+        net.zero_grad()
+        indices = torch.from_numpy(batch[part.start:part.stop])
+        if len(indices):
+            loss(net(inputs[indices]), targets[indices]).backward()
+        parts.append(_weighted(flatten_gradients(params), len(part), len(batch), local_size))
+    return ring_mean(parts)
 
 
 def _fresh(ledger_json: dict):
