@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time
+
 import pytest
 import torch
 
