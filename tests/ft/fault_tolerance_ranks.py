@@ -4,8 +4,8 @@
 
 It trains :func:`tests.support.ft_training.build` on its share of each step, ``--die-at STEP:POINT``
 SIGKILLs itself when it reaches that step (POINT: ``forward`` before its forward pass,
-``allreduce`` once its allreduce is done but before it votes, ``catchup`` once it has sent the
-second chunk of its state to a joiner; STEP ``*``: any step), and it writes its final
+``allreduce`` once its allreduce is done but before it votes, ``catchup`` once it has sent
+chunk ``--die-chunk`` (from 0; default 1) of its state to a joiner; STEP ``*``: any step), and it writes its final
 parameters, ledger and events to ``--out``. ``--ballast-mib N`` adds N MiB to the state a
 joiner takes (every replica of a run must give the same N), so that a catch-up has chunks.
 ``--diloco H`` trains with :class:`ddp.FaultTolerantDiLoCo` instead (a step is a round of H
@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--id", required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--die-at", default="")
+    parser.add_argument("--die-chunk", type=int, default=1, help="with --die-at STEP:catchup: after this chunk")
     parser.add_argument("--ballast-mib", type=int, default=0)
     parser.add_argument("--diloco", type=int, default=0, metavar="H")
     parser.add_argument("--torch-ddp", action="store_true", help="torch's DDP with ddp.manager_comm_hook")
@@ -117,7 +118,7 @@ def main() -> None:
     if die_point == "allreduce":
         manager.gradient_hooks.append(lambda: maybe_die("allreduce"))
     if die_point == "catchup":
-        manager.catch_up_hooks.append(lambda index: maybe_die("catchup") if index == 1 else None)
+        manager.catch_up_hooks.append(lambda index: maybe_die("catchup") if index == args.die_chunk else None)
     if args.ballast_mib:
         ballast = {"bytes": torch.zeros(args.ballast_mib << 20, dtype=torch.uint8)}
         manager.register_state("ballast", lambda: ballast["bytes"], lambda loaded: ballast.update(bytes=loaded))

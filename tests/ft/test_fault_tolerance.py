@@ -101,18 +101,20 @@ def test_torch_ddp_with_the_manager_hook_loses_a_replica_and_takes_a_joiner(run_
     assert members[:2] == [3, 3] and members[2] == 2 and members[-1] == 3, members
 
 
-def scenario_source_killed_during_catch_up(run_factory, steps: int = 8) -> dict:
-    """r3 joins before step 3; r0, the lowest of the most advanced members, is the source of its
-    catch-up and is SIGKILLed once it has sent two chunks of its 32 MiB state."""
+def scenario_source_killed_during_catch_up(run_factory, steps: int = 8, join_at: int = 3, chunk: int = 1) -> dict:
+    """r3 joins before step ``join_at``; r0, the lowest of the most advanced members, is the
+    source of its catch-up and is SIGKILLed once it has sent chunk ``chunk`` (from 0) of its
+    32 MiB state (five chunks with the model's)."""
     run = run_factory(3)
     run.start_coordinator()
     for replica in ("r0", "r1", "r2"):
-        run.start_replica(replica, steps, die_at="*:catchup" if replica == "r0" else "", holds=[3], ballast_mib=32)
+        run.start_replica(replica, steps, die_at="*:catchup" if replica == "r0" else "", holds=[join_at],
+                          ballast_mib=32, options=[f"--die-chunk={chunk}"])
     # r3 must join a running job: started before the first quorum is out, it would be in it.
     run.wait_until(lambda: run.coordinator_said("epoch 0: members r0,r1,r2"), "the first quorum")
     run.start_replica("r3", steps, ballast_mib=32)
     run.wait_until(run.ready("r3").exists, "the joiner to start")
-    run.gate(3).touch()
+    run.gate(join_at).touch()
     run.wait("r0")
     summary = check_run(run, ["r1", "r2", "r3"], steps, {"r0": run.died_at("r0")})
     events = torch.load(run.result_path("r3"), weights_only=False)["events"]
@@ -134,7 +136,7 @@ def test_a_source_killed_while_a_joiner_takes_its_state(run_factory):
 
 @pytest.mark.soak
 @pytest.mark.parametrize("scenario", ["kill_and_join", "kill_and_join_diloco", "kill_and_join_torch_ddp", "two_at_once",
-                                      "coordinator_restart"])
+                                      "coordinator_restart", "source_killed_during_catch_up"])
 def test_soak(run_factory, scenario):
     rng = random.Random(f"soak-{scenario}")
     outcomes = []
@@ -143,6 +145,10 @@ def test_soak(run_factory, scenario):
             kill_after = rng.randrange(1, 9)
             summary = scenario_coordinator_restart(run_factory, kill_after)
             outcomes.append((kill_after, summary["members_per_step"]))
+        elif scenario == "source_killed_during_catch_up":
+            join_at, chunk = rng.randrange(1, 6), rng.randrange(0, 4)
+            summary = scenario_source_killed_during_catch_up(run_factory, join_at=join_at, chunk=chunk)
+            outcomes.append((join_at, chunk, summary["members_per_step"]))
         else:
             diloco = scenario == "kill_and_join_diloco"
             # The survivors hold at die_step + 2 for the joiner, whose epoch starts after the next

@@ -9,6 +9,7 @@ equality with a replay of the ledger included.
 
 from __future__ import annotations
 
+import random
 import re
 import sys
 import time
@@ -47,35 +48,41 @@ def _link(cluster, host: str, state: str) -> None:
     assert result.returncode == 0, result.stdout
 
 
-def _cut_h2_off_and_back(run, cluster) -> float:
-    """With r0, r1 and r2 started (pausing before CUT_AT, holding before RESUME_AT): cut h2 off
-    as step CUT_AT starts, wait until the others trained on to RESUME_AT, bring it back, and let
-    everyone go on once r2 asked to join. Returns when the link went down."""
-    run.wait_until(lambda: all(run.progress(replica) >= CUT_AT for replica in ("r0", "r1", "r2")),
-                   f"every replica to commit {CUT_AT} steps")
+def _cut_h2_off_and_back(run, cluster, cut_at: int = CUT_AT, resume_at: int = RESUME_AT) -> float:
+    """With r0, r1 and r2 started (pausing before ``cut_at``, holding before ``resume_at``): cut
+    h2 off as step ``cut_at`` starts, wait until the others trained on to ``resume_at``, bring it
+    back, and let everyone go on once r2 asked to join. Returns when the link went down."""
+    run.wait_until(lambda: all(run.progress(replica) >= cut_at for replica in ("r0", "r1", "r2")),
+                   f"every replica to commit {cut_at} steps")
     _link(cluster, "h2", "down")
     cut = time.time()
     try:
-        run.gate(CUT_AT).touch()  # step CUT_AT starts with h2 unreachable
-        run.wait_until(lambda: run.progress("r0") >= RESUME_AT and run.progress("r1") >= RESUME_AT,
+        run.gate(cut_at).touch()  # step cut_at starts with h2 unreachable
+        run.wait_until(lambda: run.progress("r0") >= resume_at and run.progress("r1") >= resume_at,
                        "r0 and r1 to train on without the host that was cut off")
-        assert run.progress("r2") == CUT_AT, "a replica that could reach nobody committed a step"
+        assert run.progress("r2") == cut_at, "a replica that could reach nobody committed a step"
     finally:
         _link(cluster, "h2", "up")
     run.wait_until(lambda: run.coordinator_said("join: r2"), "r2 to ask to join again")
-    run.gate(RESUME_AT).touch()
+    run.gate(resume_at).touch()
     return cut
 
 
 def test_a_host_cut_off_is_dropped_within_seconds_then_rejoins_and_catches_up(run_factory, cluster):
+    scenario_cut_off(run_factory, cluster, CUT_AT, RESUME_AT, STEPS)
+
+
+def scenario_cut_off(run_factory, cluster, cut_at: int, resume_at: int, steps: int) -> dict:
+    """h2 cut off as step ``cut_at`` starts, back once r0 and r1 reached ``resume_at``; every
+    check of the run, and of the abort, the catch-up and the time to the next commit."""
     run = run_factory(3)
     run.start_coordinator()
     for replica in ("r0", "r1", "r2"):
-        run.start_replica(replica, STEPS, pauses=[CUT_AT], holds=[RESUME_AT])
-    cut = _cut_h2_off_and_back(run, cluster)
-    summary = check_run(run, ["r0", "r1", "r2"], STEPS, {})
+        run.start_replica(replica, steps, pauses=[cut_at], holds=[resume_at])
+    cut = _cut_h2_off_and_back(run, cluster, cut_at, resume_at)
+    summary = check_run(run, ["r0", "r1", "r2"], steps, {})
     members = summary["members_per_step"]
-    assert members[:CUT_AT] == [3] * CUT_AT and members[CUT_AT] == 2 and members[-1] == 3, members
+    assert members[:cut_at] == [3] * cut_at and members[cut_at] == 2 and members[-1] == 3, members
     results = {replica: torch.load(run.result_path(replica), weights_only=False) for replica in ("r0", "r1", "r2")}
     # The first member whose heartbeat read the close aborted the group; the other heard its ABORT.
     aborted = [event for replica in ("r0", "r1") for event in results[replica]["events"]
@@ -85,14 +92,15 @@ def test_a_host_cut_off_is_dropped_within_seconds_then_rejoins_and_catches_up(ru
               if event["kind"] == "allreduce-failed" and event["epoch"] == 0]
     assert len(failed) == 2 and all("lost r2" in event["error"] for event in failed), failed
     commit = min(event["t"] for event in results["r0"]["events"]
-                 if event["kind"] == "commit" and event["step"] == CUT_AT)
+                 if event["kind"] == "commit" and event["step"] == cut_at)
     caught_up = [event for event in results["r2"]["events"] if event["kind"] == "caught-up"]
-    assert caught_up and caught_up[-1]["steps"] >= RESUME_AT, results["r2"]["events"]
-    print(f"h2 cut off -> step {CUT_AT} committed without it {commit - cut:.2f} s later "
+    assert caught_up and caught_up[-1]["steps"] >= resume_at, results["r2"]["events"]
+    print(f"h2 cut off -> step {cut_at} committed without it {commit - cut:.2f} s later "
           f"(heartbeat timeout {HEARTBEAT_TIMEOUT:g} s); members per step {members}", flush=True)
     assert commit - cut < HEARTBEAT_TIMEOUT + 10.0  # not the group's timeout (30 s in the replicas)
     run.close()  # the coordinator
     assert processes_on_hosts(cluster) == {}, "processes left behind on the hosts"
+    return summary
 
 
 def test_a_replica_of_two_ranks_on_a_host_cut_off_is_dropped_and_every_rank_takes_its_block_back(run_factory,
@@ -135,37 +143,46 @@ def test_a_host_whose_link_turns_slow_is_excluded_and_rejoins_once_it_is_fast_ag
     probation ends it joins again, is probed before any catch-up, and is sent back while it is
     slow (probation doubled); once its link is fast again it joins, catches up and trains to
     the end. Every check of a run holds, bitwise equality with the replay included."""
+    scenario_slow_host(run_factory, cluster, SLOW_AT)
+
+
+def scenario_slow_host(run_factory, cluster, slow_at: int) -> dict:
+    """h2's link slowed as step ``slow_at`` starts (odd: the probe after step ``slow_at + 1``,
+    a multiple of PROBE_EVERY, finds it), a second look ``SECOND_LOOK - SLOW_AT`` steps later,
+    back ``BACK_AT - SLOW_AT`` steps after it; see the test above."""
+    second_look, back_at = slow_at + SECOND_LOOK - SLOW_AT, slow_at + BACK_AT - SLOW_AT
+    steps = slow_at + SLOW_STEPS - SLOW_AT
     run = run_factory(3)
     run.start_coordinator(slow_probation=PROBATION)
     options = ["--probe-every", str(PROBE_EVERY), "--slow-below", str(SLOW_BELOW), "--slow-ratio", str(SLOW_RATIO)]
     for replica in ("r0", "r1", "r2"):
-        run.start_replica(replica, SLOW_STEPS, pauses=[SLOW_AT], holds=[SECOND_LOOK, BACK_AT], options=options)
-    run.wait_until(lambda: all(run.progress(replica) >= SLOW_AT for replica in ("r0", "r1", "r2")),
-                   f"every replica to commit {SLOW_AT} steps")
+        run.start_replica(replica, steps, pauses=[slow_at], holds=[second_look, back_at], options=options)
+    run.wait_until(lambda: all(run.progress(replica) >= slow_at for replica in ("r0", "r1", "r2")),
+                   f"every replica to commit {slow_at} steps")
     slow_log = "r2 is slow; on probation"
     try:
         cluster.limit("h2", SLOW_RATE)
-        run.gate(SLOW_AT).touch()
+        run.gate(slow_at).touch()
         run.wait_until(lambda: run.coordinator_said(slow_log), "the coordinator to put r2 on probation")
-        # r0 and r1 train on without r2 and hold before SECOND_LOOK until r2, its probation
+        # r0 and r1 train on without r2 and hold before second_look until r2, its probation
         # over, asks to join.
         run.wait_until(lambda: run.coordinator_said("join: r2"), "r2 to ask to join while slow")
-        if min(run.progress("r0"), run.progress("r1")) < SECOND_LOOK:
-            run.fail(f"r2's probation of {PROBATION:g} s ended before r0 and r1 reached step {SECOND_LOOK}")
-        run.gate(SECOND_LOOK).touch()
+        if min(run.progress("r0"), run.progress("r1")) < second_look:
+            run.fail(f"r2's probation of {PROBATION:g} s ended before r0 and r1 reached step {second_look}")
+        run.gate(second_look).touch()
         run.wait_until(lambda: run.coordinator_said(slow_log, 2), "r2 to be sent back while still slow")
-        assert run.progress("r2") == SLOW_AT + 1, "a replica on probation committed steps"
+        assert run.progress("r2") == slow_at + 1, "a replica on probation committed steps"
     finally:
         cluster.limit("h2", None)
     run.wait_until(lambda: run.coordinator_said("join: r2", 2), "r2 to ask to join with a fast link")
-    if min(run.progress("r0"), run.progress("r1")) < BACK_AT:
-        run.fail(f"r2's probation of {2 * PROBATION:g} s ended before r0 and r1 reached step {BACK_AT}")
-    run.gate(BACK_AT).touch()
-    summary = check_run(run, ["r0", "r1", "r2"], SLOW_STEPS, {})
+    if min(run.progress("r0"), run.progress("r1")) < back_at:
+        run.fail(f"r2's probation of {2 * PROBATION:g} s ended before r0 and r1 reached step {back_at}")
+    run.gate(back_at).touch()
+    summary = check_run(run, ["r0", "r1", "r2"], steps, {})
     members = summary["members_per_step"]
-    # The probe after step SLOW_AT + 1 (a multiple of PROBE_EVERY) found r2: that step stands.
-    assert members[:SLOW_AT + 1] == [3] * (SLOW_AT + 1) and members[SLOW_AT + 1] == 2, members
-    assert members[-1] == 3 and 3 not in members[SLOW_AT + 1:BACK_AT], members
+    # The probe after step slow_at + 1 (a multiple of PROBE_EVERY) found r2: that step stands.
+    assert members[:slow_at + 1] == [3] * (slow_at + 1) and members[slow_at + 1] == 2, members
+    assert members[-1] == 3 and 3 not in members[slow_at + 1:back_at], members
     results = {replica: torch.load(run.result_path(replica), weights_only=False) for replica in ("r0", "r1", "r2")}
     probes = [event for event in results["r0"]["events"] if event["kind"] == "probe" and "r2" in event["members"]]
     verdicts = [event["slow"] for event in probes]
@@ -178,11 +195,33 @@ def test_a_host_whose_link_turns_slow_is_excluded_and_rejoins_once_it_is_fast_ag
                   for event in probes]
     assert max(slow_rates) < SLOW_BELOW / 1e6 < min(fast_rates), (slow_rates, fast_rates)
     caught_up = [event for event in results["r2"]["events"] if event["kind"] == "caught-up"]
-    assert len(caught_up) == 1 and caught_up[0]["steps"] >= BACK_AT, results["r2"]["events"]
+    assert len(caught_up) == 1 and caught_up[0]["steps"] >= back_at, results["r2"]["events"]
     print(f"h2 at {SLOW_RATE}: excluded twice (its best link {max(slow_rates):.2f} MB/s, r0's at "
           f"least {min(fast_rates):.0f} MB/s), back with a fast link; members per step {members}", flush=True)
     run.close()
     assert processes_on_hosts(cluster) == {}, "processes left behind on the hosts"
+    return summary
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("scenario", ["cut_off", "slow_host"])
+def test_soak_across_hosts(run_factory, cluster, scenario):
+    """Each scenario 10 times at random steps: h2 cut off as step 1-5 starts (back 4 steps
+    later); h2's link slowed as step 1, 3 or 5 starts. Every check of every run must hold."""
+    rng = random.Random(f"soak-hosts-{scenario}")
+    outcomes = []
+    for repetition in range(10):
+        if scenario == "cut_off":
+            cut_at = rng.randrange(1, 6)
+            summary = scenario_cut_off(run_factory, cluster, cut_at, cut_at + 4, cut_at + 8)
+            outcomes.append((cut_at, summary["members_per_step"]))
+        else:
+            slow_at = rng.choice([1, 3, 5])
+            summary = scenario_slow_host(run_factory, cluster, slow_at)
+            outcomes.append((slow_at, summary["members_per_step"]))
+        print(f"soak {scenario} {repetition + 1}/10 passed: {outcomes[-1]}", flush=True)
+    print(f"soak {scenario}: {len(outcomes)}/10 runs passed every check", flush=True)
+    assert len(outcomes) == 10
 
 
 # The digits job: 20 passes over the data (96 samples a step, 1437 to train on; at 150 steps the
