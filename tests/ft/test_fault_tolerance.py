@@ -12,34 +12,13 @@ which the checks cover like any other.
 
 from __future__ import annotations
 
-import random
-import time
-
 import pytest
 import torch
 
 from tests.support import ft_training
-from tests.support.ft_run import RESTART_GRACE, check_run, check_timeline, recovery_seconds, scenario_kill_and_join
-
-
-def scenario_two_at_once(run_factory, die_step: int, point: str, steps: int = 8) -> dict:
-    run = run_factory(4)
-    run.start_coordinator()
-    for replica in ("r0", "r1", "r2", "r3"):
-        run.start_replica(replica, steps, die_at=f"{die_step}:{point}" if replica in ("r1", "r2") else "")
-    return check_run(run, ["r0", "r3"], steps, {"r1": die_step, "r2": die_step})
-
-
-def scenario_coordinator_restart(run_factory, kill_after: int, steps: int = 10) -> dict:
-    run = run_factory(3)
-    run.start_coordinator()
-    for replica in ("r0", "r1", "r2"):
-        run.start_replica(replica, steps)
-    run.wait_until(lambda: run.progress("r0") >= kill_after, f"r0 to commit {kill_after} steps")
-    run.kill_coordinator()
-    time.sleep(1.0)
-    run.start_coordinator(grace=RESTART_GRACE)
-    return check_run(run, ["r0", "r1", "r2"], steps, {})
+from tests.support.ft_run import RESTART_GRACE, check_run, check_timeline, recovery_seconds
+from tests.support.ft_scenarios import (play_at_random, scenario_kill_and_join, scenario_source_killed_during_catch_up,
+                                        soak)
 
 
 def test_a_jobs_life(run_factory):
@@ -101,32 +80,6 @@ def test_torch_ddp_with_the_manager_hook_loses_a_replica_and_takes_a_joiner(run_
     assert members[:2] == [3, 3] and members[2] == 2 and members[-1] == 3, members
 
 
-def scenario_source_killed_during_catch_up(run_factory, steps: int = 8, join_at: int = 3, chunk: int = 1) -> dict:
-    """r3 joins before step ``join_at``; r0, the lowest of the most advanced members, is the
-    source of its catch-up and is SIGKILLed once it has sent chunk ``chunk`` (from 0) of its
-    32 MiB state (five chunks with the model's)."""
-    run = run_factory(3)
-    run.start_coordinator()
-    for replica in ("r0", "r1", "r2"):
-        run.start_replica(replica, steps, die_at="*:catchup" if replica == "r0" else "", holds=[join_at],
-                          ballast_mib=32, options=[f"--die-chunk={chunk}"])
-    # r3 must join a running job: started before the first quorum is out, it would be in it.
-    run.wait_until(lambda: run.coordinator_said("epoch 0: members r0,r1,r2"), "the first quorum")
-    run.start_replica("r3", steps, ballast_mib=32)
-    run.wait_until(run.ready("r3").exists, "the joiner to start")
-    run.gate(join_at).touch()
-    run.wait("r0")
-    summary = check_run(run, ["r1", "r2", "r3"], steps, {"r0": run.died_at("r0")})
-    events = torch.load(run.result_path("r3"), weights_only=False)["events"]
-    kinds = [event["kind"] for event in events]
-    failed = [event for event in events if event["kind"] == "enter-failed"]
-    # mid-transfer: a chunk's receive from the source (rank 0 of that quorum) ended with its exit
-    assert failed and "from rank 0" in failed[0]["error"] and "exited" in failed[0]["error"], failed
-    assert any(event["kind"] == "caught-up" and event["bytes"] > 32 << 20 for event in events), kinds
-    assert kinds.index("enter-failed") < kinds.index("caught-up"), kinds  # the failed transfer came first
-    return summary
-
-
 def test_a_source_killed_while_a_joiner_takes_its_state(run_factory):
     """The joiner's transfer fails at once (the source's connection closed), it loads nothing,
     and the next quorum's catch-up from another live member brings it the state."""
@@ -138,30 +91,4 @@ def test_a_source_killed_while_a_joiner_takes_its_state(run_factory):
 @pytest.mark.parametrize("scenario", ["kill_and_join", "kill_and_join_diloco", "kill_and_join_torch_ddp", "two_at_once",
                                       "coordinator_restart", "source_killed_during_catch_up"])
 def test_soak(run_factory, scenario):
-    rng = random.Random(f"soak-{scenario}")
-    outcomes = []
-    for repetition in range(10):
-        if scenario == "coordinator_restart":
-            kill_after = rng.randrange(1, 9)
-            summary = scenario_coordinator_restart(run_factory, kill_after)
-            outcomes.append((kill_after, summary["members_per_step"]))
-        elif scenario == "source_killed_during_catch_up":
-            join_at, chunk = rng.randrange(1, 6), rng.randrange(0, 4)
-            summary = scenario_source_killed_during_catch_up(run_factory, join_at=join_at, chunk=chunk)
-            outcomes.append((join_at, chunk, summary["members_per_step"]))
-        else:
-            diloco = scenario == "kill_and_join_diloco"
-            # The survivors hold at die_step + 2 for the joiner, whose epoch starts after the next
-            # step: at least one step must be left then (DiLoCo: 6 rounds, so die at round 2 at most).
-            die_step, point = rng.randrange(0, 3 if diloco else 7), rng.choice(["forward", "allreduce"])
-            if diloco:
-                summary = scenario_kill_and_join(run_factory, die_step, point, steps=6, diloco=3)
-            elif scenario == "kill_and_join_torch_ddp":
-                summary = scenario_kill_and_join(run_factory, die_step, point, options=["--torch-ddp"])
-            else:
-                play = scenario_kill_and_join if scenario == "kill_and_join" else scenario_two_at_once
-                summary = play(run_factory, die_step, point)
-            outcomes.append((die_step, point, summary["members_per_step"]))
-        print(f"soak {scenario} {repetition + 1}/10 passed: {outcomes[-1]}", flush=True)
-    print(f"soak {scenario}: {len(outcomes)}/10 runs passed every check", flush=True)
-    assert len(outcomes) == 10
+    soak(scenario, run_factory, lambda rng: play_at_random(run_factory, scenario, rng))

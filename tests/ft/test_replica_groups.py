@@ -20,7 +20,8 @@ import torch
 
 from tests.support import ft_training
 from tests.support.ft_run import (RESTART_GRACE, assert_each_cross_group_aborted, assert_each_replica_s_ranks_agree,
-                                  check_replica_groups, check_run, scenario_kill_and_join)
+                                  check_replica_groups, check_run)
+from tests.support.ft_scenarios import scenario_kill_and_join
 from tests.support.processes import kill_tree, stop_tree
 
 RANKS = 2

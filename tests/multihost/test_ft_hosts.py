@@ -9,7 +9,6 @@ equality with a replay of the ledger included.
 
 from __future__ import annotations
 
-import random
 import re
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from tests.support.ft_run import Run, Runs, assert_each_cross_group_aborted, check_replica_groups, check_run
+from tests.support.ft_scenarios import play_at_random, soak
 from tests.support.launch import ROOT, kill_tree
 from tests.support.multihost import make_cluster, processes_on_hosts
 
@@ -37,7 +37,7 @@ def cluster():
 
 @pytest.fixture
 def run_factory(tmp_path, cluster):
-    runs = Runs(tmp_path, cluster=cluster, hosts={"coordinator": "h0", "r0": "h0", "r1": "h1", "r2": "h2"},
+    runs = Runs(tmp_path, cluster=cluster, hosts={"coordinator": "h0", "r0": "h0", "r1": "h1", "r2": "h2", "r3": "h1"},
                 heartbeat_timeout=HEARTBEAT_TIMEOUT)
     yield runs
     runs.close()
@@ -204,24 +204,24 @@ def scenario_slow_host(run_factory, cluster, slow_at: int) -> dict:
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("scenario", ["cut_off", "slow_host"])
+@pytest.mark.parametrize("scenario", ["cut_off", "slow_host", "kill_and_join", "two_at_once", "coordinator_restart",
+                                      "source_killed_during_catch_up"])
 def test_soak_across_hosts(run_factory, cluster, scenario):
-    """Each scenario 10 times at random steps: h2 cut off as step 1-5 starts (back 4 steps
-    later); h2's link slowed as step 1, 3 or 5 starts. Every check of every run must hold."""
-    rng = random.Random(f"soak-hosts-{scenario}")
-    outcomes = []
-    for repetition in range(10):
+    """Each scenario 10 times at random steps, the replicas on three hosts (r0 on h0 with the
+    coordinator, r1 on h1, r2 on h2, a joiner r3 on h1): h2 cut off as step 1-5 starts (back 4
+    steps later); h2's link slowed as step 1, 3 or 5 starts; and the loopback soaks' scenarios
+    (tests/support/ft_scenarios.py). Every check of every run must hold."""
+    def play(rng):
         if scenario == "cut_off":
             cut_at = rng.randrange(1, 6)
-            summary = scenario_cut_off(run_factory, cluster, cut_at, cut_at + 4, cut_at + 8)
-            outcomes.append((cut_at, summary["members_per_step"]))
-        else:
+            return cut_at, scenario_cut_off(run_factory, cluster, cut_at, cut_at + 4, cut_at + 8)["members_per_step"]
+        if scenario == "slow_host":
             slow_at = rng.choice([1, 3, 5])
-            summary = scenario_slow_host(run_factory, cluster, slow_at)
-            outcomes.append((slow_at, summary["members_per_step"]))
-        print(f"soak {scenario} {repetition + 1}/10 passed: {outcomes[-1]}", flush=True)
-    print(f"soak {scenario}: {len(outcomes)}/10 runs passed every check", flush=True)
-    assert len(outcomes) == 10
+            return slow_at, scenario_slow_host(run_factory, cluster, slow_at)["members_per_step"]
+        return play_at_random(run_factory, scenario, rng)
+
+    soak(f"hosts-{scenario}", run_factory, play)
+    assert processes_on_hosts(cluster) == {}, "processes left behind on the hosts"
 
 
 # The digits job: 20 passes over the data (96 samples a step, 1437 to train on; at 150 steps the

@@ -23,7 +23,7 @@ from tests.support.launch import ROOT, base_env, free_port, kill_tree
 from tests.support.mpirun import mpiexec_path
 
 __all__ = ["Run", "Runs", "check_run", "check_replica_groups", "assert_each_cross_group_aborted", "check_timeline",
-           "recovery_seconds", "scenario_kill_and_join", "assert_each_replica_s_ranks_agree", "HEARTBEAT_TIMEOUT",
+           "recovery_seconds", "assert_each_replica_s_ranks_agree", "HEARTBEAT_TIMEOUT",
            "RESTART_GRACE"]
 
 REPLICA = ROOT / "tests" / "ft" / "fault_tolerance_ranks.py"
@@ -273,8 +273,6 @@ def recovery_seconds(run: Run, victim: str, died_at: int, survivor_events: List[
     return min(event["t"] for event in survivor_events if event["kind"] == "commit" and event["step"] >= died_at) - died
 
 
-
-
 def check_replica_groups(run: Run, survivors: List[str], ranks: int) -> tuple:
     """Wait for the ``survivors`` (replicas of ``ranks`` ranks); check that every rank of each
     holds the first one's ledger and local rank ``j``'s weights bitwise equal to the replay's
@@ -303,31 +301,6 @@ def assert_each_cross_group_aborted(results: dict, replicas: List[str], ranks: i
     for rank in range(ranks):
         events = {replica: results[replica][rank]["events"] for replica in replicas}
         assert any("group-aborted" in kinds for kinds in events.values()), f"local rank {rank}: {events}"
-
-
-def scenario_kill_and_join(run_factory: Runs, die_step: int, point: str, steps: int = 12, diloco: int = 0,
-                           options: Sequence[str] = (), ranks: int = 1) -> dict:
-    """r1 is SIGKILLed at ``die_step`` (``point``), a fresh r3 joins. With ``diloco=H`` a step is
-    a round of H inner steps of ddp.FaultTolerantDiLoCo ("forward": in the middle of them);
-    ``options`` go to every replica; ``ranks`` > 1: replicas of that many ranks (its own mpiexec
-    job each, data parallel inside; r1's local rank 0 is killed, and with it the job)."""
-    run = run_factory(3)
-    run.start_coordinator()
-    options = [*options, *(["--diloco", str(diloco)] if diloco else [])]
-    # The survivors hold before step die_step + 2 until the joiner heartbeats, so that it joins
-    # a running job (on a loaded machine a start-up can take longer than the whole run).
-    for replica in ("r0", "r1", "r2"):
-        run.start_replica(replica, steps, die_at=f"{die_step}:{point}" if replica == "r1" else "",
-                          holds=[die_step + 2], options=options, ranks=ranks)
-    run.wait("r1")
-    run.start_replica("r3", steps, options=options, ranks=ranks)  # a fresh replica joins once the victim is gone
-    run.wait_until(run.ready("r3").exists, "the joiner to start")
-    run.gate(die_step + 2).touch()
-    if diloco:
-        return check_run(run, ["r0", "r2", "r3"], steps, {"r1": die_step},
-                         lambda ledger: ft_training.replay_diloco(ledger, diloco, local_size=ranks))
-    return check_run(run, ["r0", "r2", "r3"], steps, {"r1": die_step},
-                     lambda ledger: ft_training.replay(ledger, local_size=ranks))
 
 
 def assert_each_replica_s_ranks_agree(directory, pattern: str) -> None:
