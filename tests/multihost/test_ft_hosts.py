@@ -80,7 +80,7 @@ def scenario_cut_off(run_factory, cluster, cut_at: int, resume_at: int, steps: i
     for replica in ("r0", "r1", "r2"):
         run.start_replica(replica, steps, pauses=[cut_at], holds=[resume_at])
     cut = _cut_h2_off_and_back(run, cluster, cut_at, resume_at)
-    summary = check_run(run, ["r0", "r1", "r2"], steps, {})
+    summary = check_run(run, ["r0", "r1", "r2"], steps, {}, failures=1)
     members = summary["members_per_step"]
     assert members[:cut_at] == [3] * cut_at and members[cut_at] == 2 and members[-1] == 3, members
     results = {replica: torch.load(run.result_path(replica), weights_only=False) for replica in ("r0", "r1", "r2")}

@@ -189,9 +189,11 @@ class Runs:
 
 
 def check_run(run: Run, survivors: List[str], steps: int, victims: Dict[str, int],
-              replay: Callable[[dict], List[torch.Tensor]] = ft_training.replay) -> dict:
+              replay: Callable[[dict], List[torch.Tensor]] = ft_training.replay,
+              failures: Optional[int] = None) -> dict:
     """Every check of a finished run; returns the survivors' summary. ``replay``: the
-    failure-free training of a ledger that the survivors' parameters must equal bitwise."""
+    failure-free training of a ledger that the survivors' parameters must equal bitwise;
+    ``failures``: how many the run had (default: one per victim), each allowed one redone step."""
     codes = {replica: run.wait(replica) for replica in run.processes}
     for replica in survivors:
         if codes[replica] != 0:
@@ -223,6 +225,12 @@ def check_run(run: Run, survivors: List[str], steps: int, victims: Dict[str, int
         if record["epoch"] in quorums and record["members"] != quorums[record["epoch"]]:
             problems.append(f"step {record['step']}: members {record['members']} != quorum "
                             f"{quorums[record['epoch']]} of epoch {record['epoch']}")
+    # At most one step redone per failure: a survivor's step that did not commit is redone.
+    allowed = len(victims) if failures is None else failures
+    for replica, result in results.items():
+        redone = [event["step"] for event in result["events"] if event["kind"] in ("abort", "outcome-unknown")]
+        if len(redone) > allowed:
+            problems.append(f"{replica} redid {len(redone)} steps ({redone}) for {allowed} failures")
     # Sample accounting: at most once per pass; a finished pass is whole (what was dropped, counted).
     counts = ft_training.sample_counts(ledger)
     last_pass = max(counts) if counts else 0
