@@ -20,6 +20,8 @@ member (:class:`commlib.ft.SlowReplicas`): a link probe every N steps and when a
 over the "commlib" backend's default group, which is the job's ranks); local rank
 0 writes ``--out``, the others ``--out`` with ``.rank<j>.pt``; only local rank 0 dies at ``--die-at``
 (the job then ends, as mpiexec ends a job one of whose ranks was killed).
+``--own-data``: no sample accounting (no ``configure_data``); each rank trains on
+:func:`tests.support.ft_training.own_batch` of the step, its replica's rank in the quorum and its local rank.
 """
 
 import argparse
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--slow-ratio", type=float, default=0.1)
     parser.add_argument("--out", required=True)
     parser.add_argument("--local", action="store_true", help="the replica is this mpiexec job's ranks")
+    parser.add_argument("--own-data", action="store_true", help="no configure_data: ft_training.own_batch")
     parser.add_argument("--progress", default="")
     parser.add_argument("--ready", default="", help="a file written once the replica is heartbeating")
     parser.add_argument("--hold", action="append", default=[], metavar="STEP:FILE",
@@ -64,6 +67,8 @@ def main() -> None:
     parser.add_argument("--pause", action="append", default=[], metavar="STEP:FILE",
                         help="before step STEP, wait until FILE exists (repeatable)")
     args = parser.parse_args()
+    if args.own_data and args.diloco:
+        parser.error("--own-data trains plain steps only (not with --diloco)")
     torch.set_num_threads(1)
     die_step, _, die_point = args.die_at.partition(":")
     die_step = die_step if die_step == "*" else int(die_step) if die_step else -1
@@ -93,7 +98,8 @@ def main() -> None:
     if args.ready and leader:
         open(args.ready, "w").close()
     rounds = max(1, args.diloco)  # a DiLoCo step takes a round's samples: H inner batches
-    manager.configure_data(ft_training.DATASET_SIZE, args.batch_size * rounds, ft_training.SEED)
+    if not args.own_data:
+        manager.configure_data(ft_training.DATASET_SIZE, args.batch_size * rounds, ft_training.SEED)
     net, inputs, targets = ft_training.build()
     if args.diloco:
         inner = ft_training.inner_optimizer(net.parameters())
@@ -149,7 +155,11 @@ def main() -> None:
             diloco.sync()
         else:
             optimizer.zero_grad()
-            indices = torch.from_numpy(manager.local_batch_indices())
+            if args.own_data:
+                own = ft_training.own_batch(manager.steps, manager.rank, local.rank if local is not None else 0)
+                indices = torch.from_numpy(own)
+            else:
+                indices = torch.from_numpy(manager.local_batch_indices())
             maybe_die("forward")
             output = model(inputs[indices])
             # A rank's part of its replica's share may be empty: its gradient is zeros, and it

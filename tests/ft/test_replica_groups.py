@@ -105,12 +105,15 @@ def test_replicas_of_two_ranks_wait_out_a_coordinator_restart_while_one_of_them_
     """Replicas of two ranks; the coordinator is killed, and then r1's rank 0 (with it r1's job)
     before its forward of step 4. The survivors' step fails and their leaders wait for a
     coordinator while their other ranks wait on them in the replica's group; the restarted
-    coordinator forms a quorum of r0 and r2, on every rank of them. Bitwise equal to the replay."""
+    coordinator forms a quorum of r0 and r2, on every rank of them. The training chooses its own
+    data here (no sample accounting, ``--own-data``: parts of 3 and 5 samples), so the manager
+    averages a replica's ranks plainly: bitwise equal to ``ft_training.replay_own_data``."""
     steps = 8
     run = run_factory(3)
     run.start_coordinator()
     for replica in ("r0", "r1", "r2"):
-        run.start_replica(replica, steps, die_at="4:forward" if replica == "r1" else "", pauses=[4], ranks=2)
+        run.start_replica(replica, steps, die_at="4:forward" if replica == "r1" else "", pauses=[4], ranks=2,
+                          options=["--own-data"])
     run.wait_until(lambda: all(run.progress(replica) >= 4 for replica in ("r0", "r1", "r2")),
                    "every replica to commit 4 steps")
     run.kill_coordinator()
@@ -118,8 +121,9 @@ def test_replicas_of_two_ranks_wait_out_a_coordinator_restart_while_one_of_them_
     run.wait("r1")
     time.sleep(1.0)
     run.start_coordinator(grace=RESTART_GRACE)
-    summary = check_run(run, ["r0", "r2"], steps, {"r1": 4}, lambda ledger: ft_training.replay(ledger, local_size=2))
+    summary = check_run(run, ["r0", "r2"], steps, {"r1": 4}, lambda ledger: ft_training.replay_own_data(ledger, 2))
     assert summary["members_per_step"] == [3, 3, 3, 3, 2, 2, 2, 2], summary
+    assert summary["global_batch_per_step"] == [0] * steps, summary  # no sample accounting
     for result in ("r0.pt", "r0.rank1.pt", "r2.pt", "r2.rank1.pt"):
         kinds = [(event["kind"], event.get("reason"), event.get("members"))
                  for event in torch.load(run.directory / result, weights_only=False)["events"]]

@@ -20,7 +20,7 @@ from ddp.fault_tolerant import flatten_gradients, pseudo_gradient, unflatten_gra
 from tests.support.ft_replay import ring_mean, weighted
 
 __all__ = ["DATASET_SIZE", "BATCH_SIZE", "SEED", "build", "optimizer", "inner_optimizer", "outer_optimizer", "loss",
-           "replay", "replay_diloco", "sample_counts"]
+           "own_batch", "replay", "replay_diloco", "replay_own_data", "sample_counts"]
 
 DATASET_SIZE = 60
 BATCH_SIZE = 4
@@ -105,6 +105,38 @@ def replay_diloco(ledger_json: dict, sync_every: int, local_size: int = 1) -> Li
             param.grad = None
         unflatten_gradients(params, torch.from_numpy(mean))
         outer.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def own_batch(step: int, member: int, local_rank: int) -> np.ndarray:
+    """The samples local rank ``local_rank`` of quorum member ``member`` trains on in committed
+    step ``step`` when the training chooses its own data (no ``Manager.configure_data``): parts
+    of different sizes, so that the plain mean of a replica's ranks, which the manager takes
+    without sample accounting, differs from a mean weighted by the parts."""
+    size = 3 + 2 * local_rank
+    start = (11 * step + 5 * member + 2 * local_rank) % (DATASET_SIZE - size)
+    return np.arange(start, start + size)
+
+
+def replay_own_data(ledger_json: dict, local_size: int) -> List[torch.Tensor]:
+    """The parameters after the ledger's committed steps, trained without failures, for a run
+    without sample accounting on replicas of ``local_size`` ranks: each rank's mean gradient over
+    :func:`own_batch`, the plain mean of the replica's ranks, then the plain mean of the members."""
+    ledger, net, inputs, targets, params = _fresh(ledger_json)
+    opt = optimizer(net.parameters())
+    for record in ledger.steps:
+        members = len(record.members)
+        flats = []
+        for member in range(members):
+            parts = []
+            for local_rank in range(local_size):
+                net.zero_grad()
+                batch = torch.from_numpy(own_batch(record.step, member, local_rank))
+                loss(net(inputs[batch]), targets[batch]).backward()
+                parts.append(_weighted(flatten_gradients(params), 1, local_size, local_size))
+            flats.append(weighted(ring_mean(parts), 1, members, members))
+        unflatten_gradients(params, torch.from_numpy(ring_mean(flats)))
+        opt.step()
     return [p.detach().clone() for p in net.parameters()]
 
 
