@@ -233,7 +233,7 @@ def check_run(run: Run, survivors: List[str], steps: int, victims: Dict[str, int
             problems.append(f"{replica} redid {len(redone)} steps ({redone}) for {allowed} failures")
     # Sample accounting: at most once per pass; a finished pass is whole (what was dropped, counted).
     # (Without configure_data the ledger counts no samples: every step's global batch is 0.)
-    counts = ft_training.sample_counts(ledger) if ledger["dataset_size"] else {}
+    counts = ft_training.sample_counts(ledger)
     if not ledger["dataset_size"] and any(record["global_batch"] for record in ledger["steps"]):
         problems.append(f"no sample accounting, yet global batches {[r['global_batch'] for r in ledger['steps']]}")
     last_pass = max(counts) if counts else 0

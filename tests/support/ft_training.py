@@ -133,8 +133,8 @@ def replay_own_data(ledger_json: dict, local_size: int) -> List[torch.Tensor]:
                 net.zero_grad()
                 batch = torch.from_numpy(own_batch(record.step, member, local_rank))
                 loss(net(inputs[batch]), targets[batch]).backward()
-                parts.append(_weighted(flatten_gradients(params), 1, local_size, local_size))
-            flats.append(weighted(ring_mean(parts), 1, members, members))
+                parts.append(flatten_gradients(params).numpy())  # (a fresh buffer: plain mean, no weight)
+            flats.append(ring_mean(parts))
         unflatten_gradients(params, torch.from_numpy(ring_mean(flats)))
         opt.step()
     return [p.detach().clone() for p in net.parameters()]
@@ -166,8 +166,11 @@ def _weighted(flat: torch.Tensor, share: int, global_batch: int, members: int) -
 
 
 def sample_counts(ledger_json: dict) -> dict:
-    """{data epoch: array of how many times each sample was trained} over the committed steps."""
+    """{data epoch: array of how many times each sample was trained} over the committed steps
+    (empty for a ledger without sample accounting: no ``configure_data``)."""
     ledger = Ledger.from_json(ledger_json)
+    if not ledger.configured:
+        return {}
     counts: dict = {}
     for record in ledger.steps:
         order = permutation(ledger.dataset_size, ledger.seed, record.data_epoch)
